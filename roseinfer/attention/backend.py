@@ -1,0 +1,53 @@
+"""The attention backend seam: the model calls `forward` once per layer; a backend registry picks it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from roseinfer.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    """Writes a layer's new K/V into the paged cache, then attends over each sequence's context.
+
+    Invariants callers keep: `k_cache`/`v_cache` are the layer's strided views described in
+    `AttentionMetadata`; every slot in `slot_mapping` (except -1) belongs to a block that only this
+    sequence holds; the blocks in `block_tables` cover `seq_lens` tokens.
+    """
+
+    name: str = "abstract"
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
+    _REGISTRY[name] = factory
+
+
+def get_backend(name: str) -> AttentionBackend:
+    if name not in _REGISTRY:
+        # Backends register themselves on import; import lazily so CPU installs never need Triton.
+        if name == "torch":
+            import roseinfer.attention.torch_backend  # noqa: F401
+        elif name == "triton":
+            import roseinfer.attention.triton_backend  # noqa: F401
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]()

@@ -1,0 +1,206 @@
+"""Frozen configuration objects. `ModelConfig` is read from an HF `config.json` and normalised."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    norm_eps: float
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def from_dict(cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        model_type = cfg.get("model_type", "")
+        arch = archs[0] if archs else _ARCH_BY_TYPE.get(model_type, "")
+        if model_type == "gpt2" or arch == "GPT2LMHeadModel":
+            hidden = cfg["n_embd"]
+            heads = cfg["n_head"]
+            return ModelConfig(
+                architecture="GPT2LMHeadModel",
+                model_type="gpt2",
+                vocab_size=cfg["vocab_size"],
+                hidden_size=hidden,
+                num_layers=cfg["n_layer"],
+                num_heads=heads,
+                num_kv_heads=heads,
+                head_dim=hidden // heads,
+                intermediate_size=cfg.get("n_inner") or 4 * hidden,
+                max_position_embeddings=cfg.get("n_positions", 1024),
+                norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+                tie_word_embeddings=True,
+                qkv_bias=True,
+                hidden_act=cfg.get("activation_function", "gelu_new"),
+                eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
+                bos_token_id=cfg.get("bos_token_id"),
+                hf_config=dict(cfg),
+            )
+        hidden = cfg["hidden_size"]
+        heads = cfg["num_attention_heads"]
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        rope_params = cfg.get("rope_parameters")  # transformers >= 5 folds theta/scaling in here
+        if isinstance(rope_params, dict):
+            rope_theta = rope_theta or rope_params.get("rope_theta")
+            if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+                rope_scaling = dict(rope_params)
+        if rope_scaling is not None:
+            rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+            if rope_type not in ("default", "llama3"):
+                raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: llama3)")
+            if rope_type == "default":
+                rope_scaling = None
+        return ModelConfig(
+            architecture=arch,
+            model_type=model_type,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            intermediate_size=cfg["intermediate_size"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
+            qk_norm=model_type == "qwen3",
+            hidden_act=cfg.get("hidden_act", "silu"),
+            eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
+            bos_token_id=cfg.get("bos_token_id"),
+            hf_config=dict(cfg),
+        )
+
+    @staticmethod
+    def from_path(path: str) -> ModelConfig:
+        """`path` is a config.json file or a directory holding one."""
+        file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+        with open(file) as f:
+            return ModelConfig.from_dict(json.load(f))
+
+    def params_count(self) -> int:
+        """Parameters in the decoder (embedding counted once when tied)."""
+        h, inter, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * d * h
+        mlp = (2 if self.model_type == "gpt2" else 3) * h * inter
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attn + mlp) + emb
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+_ARCH_BY_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+
+def _as_tuple(x: Any) -> tuple[int, ...]:
+    if x is None:
+        return ()
+    if isinstance(x, list | tuple):
+        return tuple(int(i) for i in x)
+    return (int(x),)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_blocks: int | None = None  # explicit pool size; overrides the two below
+    cpu_kv_tokens: int = 16384  # pool size in tokens when running on the CPU
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+
+SCHEDULER_MODES = ("continuous", "static", "naive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    mode: str = "continuous"
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in SCHEDULER_MODES:
+            raise ValueError(f"scheduler mode must be one of {SCHEDULER_MODES}, got {self.mode!r}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    model_config: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    dtype: torch.dtype
+    device: torch.device
+    load_format: str = "auto"  # auto | dummy
+    tokenizer: str | None = None
+    attention_backend: str = "torch"
+    enforce_eager: bool = False
+    seed: int = 0
+    max_model_len: int = 0  # 0: the model's max_position_embeddings

@@ -1,0 +1,145 @@
+"""`LLM(model=...).generate(prompts, SamplingParams)`: the offline API, shaped like vLLM's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from roseinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from roseinfer.engine.llm_engine import LLMEngine, Prompt, default_device
+from roseinfer.models.loader import resolve_model_path
+from roseinfer.outputs import RequestOutput
+from roseinfer.sampling_params import SamplingParams
+
+
+class InvalidRequestError(ValueError):
+    """Some prompts of a `generate` call were rejected; the valid ones ran and are in `outputs`."""
+
+    def __init__(self, errors: dict[int, str], outputs: list[RequestOutput | None]) -> None:
+        lines = "; ".join(f"prompt {i}: {msg}" for i, msg in errors.items())
+        super().__init__(f"{len(errors)} of {len(outputs)} requests rejected: {lines}")
+        self.errors = errors
+        self.outputs = outputs
+
+
+def make_engine_config(
+    model: str,
+    *,
+    load_format: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device | None = None,
+    tokenizer: str | None = None,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    num_kv_blocks: int | None = None,
+    cpu_kv_tokens: int = 16384,
+    enable_prefix_caching: bool = True,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+    scheduler_mode: str = "continuous",
+    enable_chunked_prefill: bool = True,
+    max_model_len: int | None = None,
+    attention_backend: str | None = None,
+    enforce_eager: bool = False,
+    seed: int = 0,
+) -> tuple[EngineConfig, str]:
+    path = resolve_model_path(model, need_weights=load_format != "dummy")
+    model_config = ModelConfig.from_path(path)
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype == "auto":
+        dtype = model_config.hf_config.get("torch_dtype") or model_config.hf_config.get("dtype") or "float32"
+        if dev.type == "cpu" and dtype != "float32":
+            dtype = "float32"  # half precision matmuls on CPU are slow and gain nothing here
+    max_len = max_model_len or model_config.max_position_embeddings
+    if max_len > model_config.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+            f"{model_config.max_position_embeddings}"
+        )
+    if attention_backend is None:
+        attention_backend = "triton" if dev.type == "cuda" and _triton_available() else "torch"
+    config = EngineConfig(
+        model=model,
+        model_config=model_config,
+        cache=CacheConfig(
+            block_size, gpu_memory_utilization, num_kv_blocks, cpu_kv_tokens, enable_prefix_caching
+        ),
+        scheduler=SchedulerConfig(
+            max_num_seqs, max_num_batched_tokens, scheduler_mode, enable_chunked_prefill
+        ),
+        dtype=parse_dtype(dtype),
+        device=dev,
+        load_format=load_format,
+        tokenizer=tokenizer,
+        attention_backend=attention_backend,
+        enforce_eager=enforce_eager,
+        seed=seed,
+        max_model_len=max_len,
+    )
+    return config, path
+
+
+def _triton_available() -> bool:
+    try:
+        import roseinfer.attention.triton_backend  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class LLM:
+    """Offline engine. `model` is an HF directory, a hub id, a config.json, or a built-in shape id
+    (`roseinfer.models.loader.builtin_shapes()`) with `load_format="dummy"`."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        config, path = make_engine_config(model, **kwargs)
+        self.engine = LLMEngine(config, path)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Outputs come back in input order. Invalid prompts are reported together, after the valid ones
+        have run, as an `InvalidRequestError` (a ValueError) carrying the valid outputs."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        engine = self.engine
+        index: dict[str, int] = {}
+        errors: dict[int, str] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                index[engine.add_request(prompt, p)] = i
+            except ValueError as e:
+                errors[i] = str(e)
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        total = sum(p.max_tokens for i, p in enumerate(params) if i not in errors)
+        with tqdm(total=total, desc="generate", unit="tok", disable=not use_tqdm or not index) as bar:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    bar.update(1)
+                    if out.finished and out.request_id in index:
+                        results[index[out.request_id]] = out
+                        bar.update(params[index[out.request_id]].max_tokens - len(out.outputs[0].token_ids))
+        if errors:
+            raise InvalidRequestError(errors, results)
+        return results  # type: ignore[return-value]

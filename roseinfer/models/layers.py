@@ -1,0 +1,120 @@
+"""Building blocks shared by the model files: norms, rotary embedding, activations, attention."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from roseinfer.attention.backend import AttentionBackend
+from roseinfer.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    """What every layer needs for one step besides its input: the cache, the batch layout, the backend."""
+
+    kv_cache: torch.Tensor  # [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
+    meta: AttentionMetadata
+    backend: AttentionBackend
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, as HF does; `forward(x, residual)` fuses the residual add."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """Neox-style rotary embedding (HF `rotate_half`), with a cos/sin table built once per device."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        self.scaling = scaling
+        self.cos_sin: torch.Tensor | None = None  # [max_positions, head_dim] float32: cos half | sin half
+
+    def build(self, device: torch.device) -> None:
+        """Computed on the CPU in float32 exactly as HF does, then moved (models are built on 'meta')."""
+        cpu = torch.device("cpu")
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=cpu).float() / self.head_dim
+        inv_freq = 1.0 / (self.theta**exponents)
+        if self.scaling is not None:
+            inv_freq = _llama3_inv_freq(inv_freq, self.scaling)
+        pos = torch.arange(self.max_positions, dtype=torch.float32, device=cpu)
+        freqs = torch.outer(pos, inv_freq)
+        self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.cos_sin is not None, "RotaryEmbedding.build() was not called"
+        cos, sin = self.cos_sin[positions].chunk(2, dim=-1)  # [T, D/2] each
+        cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(q.dtype)
+        sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"gelu_new": gelu_tanh, "gelu_pytorch_tanh": gelu_tanh, "gelu": F.gelu}
+
+
+def paged_attention(
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: ForwardContext,
+    scale: float,
+) -> torch.Tensor:
+    """q/k/v are [T, heads, head_dim]; returns [T, heads * head_dim]."""
+    out = ctx.backend.forward(
+        q, k, v, ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1], ctx.meta, scale
+    )
+    return out.reshape(out.shape[0], -1)

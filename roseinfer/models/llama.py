@@ -1,0 +1,154 @@
+"""Llama-family decoder: Llama 2/3/3.1, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from roseinfer.config import ModelConfig
+from roseinfer.models.layers import ForwardContext, RMSNorm, RotaryEmbedding, paged_attention, silu_and_mul
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary = rotary
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(paged_attention(self.layer_idx, q, k, v, ctx, self.scale))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported for {cfg.architecture}")
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx, rotary)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, self.rotary) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    # HF checkpoint name fragment -> (our fused parameter fragment, shard index)
+    stacked_params = {
+        ".q_proj.": (".qkv_proj.", 0),
+        ".k_proj.": (".qkv_proj.", 1),
+        ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0),
+        ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg, max_positions)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        if self.cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def build_buffers(self, device: torch.device) -> None:
+        self.model.rotary.build(device)
+
+    def shard_sizes(self, fused: str) -> list[int]:
+        cfg = self.cfg
+        if fused == ".qkv_proj.":
+            return [
+                cfg.num_heads * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+            ]
+        return [cfg.intermediate_size, cfg.intermediate_size]
+
+    def load_weight(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str | None:
+        """Copy one checkpoint tensor into place; returns the parameter name it filled, or None if skipped."""
+        if "rotary_emb.inv_freq" in name:
+            return None
+        if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+            return None
+        for frag, (fused, shard) in self.stacked_params.items():
+            if frag in name:
+                target = name.replace(frag, fused)
+                sizes = self.shard_sizes(fused)
+                start = sum(sizes[:shard])
+                params[target].data[start : start + sizes[shard]].copy_(tensor)
+                return f"{target}#{shard}"
+        params[name].data.copy_(tensor)
+        return name
+
+    def expected_weights(self, params: dict[str, nn.Parameter]) -> set[str]:
+        names: set[str] = set()
+        for name in params:
+            fused = next((f for f in (".qkv_proj.", ".gate_up_proj.") if f in name), None)
+            if fused is None:
+                names.add(name)
+            else:
+                names.update(f"{name}#{i}" for i in range(len(self.shard_sizes(fused))))
+        return names

@@ -1,0 +1,94 @@
+"""Request: one sequence the scheduler owns, from arrival to its single terminal state."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from roseinfer.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...] = (),
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = () if params.ignore_eos else eos_token_ids
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.status = RequestStatus.WAITING
+        self.block_ids: list[int] = []  # the block table, in token order
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
+        self.num_preemptions = 0
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_token_time: float | None = None
+        self.stop_reason: str | int | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+
+    def check_stop_token(self, max_model_len: int) -> RequestStatus | None:
+        """Stop conditions that need no text: stop/eos token ids, max_tokens, context length."""
+        last = self.output_token_ids[-1]
+        if last in self.params.stop_token_ids or last in self.eos_token_ids:
+            self.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+        if self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

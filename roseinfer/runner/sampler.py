@@ -1,0 +1,91 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from roseinfer.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings as tensors, built once per step for the rows that sample."""
+
+    temperature: torch.Tensor  # [N] float32, 1.0 for greedy rows (unused there)
+    top_k: torch.Tensor | None  # [N] int64, vocab size where disabled; None if no row uses it
+    top_p: torch.Tensor | None  # [N] float32
+    min_p: torch.Tensor | None  # [N] float32
+    greedy: torch.Tensor  # [N] bool
+    all_greedy: bool
+    generators: list[torch.Generator | None]  # per row: the request's own generator if seeded
+
+    @staticmethod
+    def build(
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        vocab_size: int,
+        device: torch.device,
+    ) -> SamplingBatch:
+        greedy = [p.greedy for p in params]
+        all_greedy = all(greedy)
+        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        use_k = any(p.top_k > 0 for p in params)
+        use_p = any(p.top_p < 1.0 for p in params)
+        use_min_p = any(p.min_p > 0.0 for p in params)
+
+        def t(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return SamplingBatch(
+            temperature=t(temps, torch.float32),
+            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64) if use_k else None,
+            top_p=t([p.top_p for p in params], torch.float32) if use_p else None,
+            min_p=t([p.min_p for p in params], torch.float32) if use_min_p else None,
+            greedy=t(greedy, torch.bool),
+            all_greedy=all_greedy,
+            generators=generators,
+        )
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask (to -inf) the logits outside each row's top-k and top-p nucleus."""
+    if top_k is None and top_p is None:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(vocab, device=logits.device)
+        mask |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        # Keep a token while the mass before it is below top_p (the top token is always kept).
+        mass_before = probs.cumsum(dim=-1) - probs
+        mask |= mass_before >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """logits [N, V] (any float dtype) -> token ids [N] int64."""
+    logits = logits.float()
+    greedy_tokens = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy_tokens
+    logits = logits / batch.temperature.unsqueeze(1)
+    logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+    probs = logits.softmax(dim=-1)
+    if batch.min_p is not None:
+        floor = probs.max(dim=-1, keepdim=True).values * batch.min_p.unsqueeze(1)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, with no host sync and per-row noise.
+    noise = torch.empty_like(probs).exponential_()
+    for row, gen in enumerate(batch.generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(batch.greedy, greedy_tokens, sampled)

@@ -1,0 +1,55 @@
+"""SamplingParams: validated at construction; every bad value is a ValueError naming field and limit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0): no top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if math.isnan(value) or math.isinf(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must hold non-empty strings")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5 or self.top_k == 1
