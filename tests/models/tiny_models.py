@@ -75,11 +75,11 @@ TINY_CONFIGS: dict[str, dict] = {
 }
 
 
-def make_hf_model(arch: str, seed: int = 0):
+def make_hf_model(arch: str, seed: int = 0, **overrides):
     """An HF model of the tiny config with every weight random (norms near 1, biases non-zero)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = copy.deepcopy(TINY_CONFIGS[arch])
+    cfg = {**copy.deepcopy(TINY_CONFIGS[arch]), **overrides}
     hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config, torch_dtype=torch.float32)
@@ -94,7 +94,7 @@ def make_hf_model(arch: str, seed: int = 0):
     return model.eval()
 
 
-def save_hf_model(arch: str, directory: Path, seed: int = 0):
-    model = make_hf_model(arch, seed)
+def save_hf_model(arch: str, directory: Path, seed: int = 0, **overrides):
+    model = make_hf_model(arch, seed, **overrides)
     model.save_pretrained(directory, safe_serialization=True)
     return model

@@ -1,0 +1,175 @@
+"""Tokenizer loading, chat templating and incremental (streaming) detokenization."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+__all__ = ["IncrementalDetokenizer", "apply_chat_template", "load_tokenizer"]
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+def _looks_like_local_path(path_or_id: str) -> bool:
+    """True when ``path_or_id`` can only be a filesystem path, never a hub id (``name`` or ``org/name``)."""
+    return (
+        path_or_id.startswith(("/", ".", "~"))
+        or "\\" in path_or_id
+        or path_or_id.count("/") > 1
+        or Path(path_or_id).is_absolute()
+    )
+
+
+def load_tokenizer(path_or_id: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load a HF tokenizer from a local directory or a hub id.
+
+    Raises:
+        ValueError: naming ``path_or_id`` when no tokenizer can be found or loaded there.
+    """
+    local = Path(path_or_id).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ValueError(f"Tokenizer path {path_or_id!r} is a file; expected a tokenizer directory")
+        source = str(local)
+    elif _looks_like_local_path(path_or_id):
+        raise ValueError(f"Tokenizer path {path_or_id!r} does not exist")
+    else:
+        source = path_or_id  # treat as a hub id
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"Could not load a tokenizer from {path_or_id!r}: {exc}") from exc
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise ValueError(f"{path_or_id!r} did not yield a tokenizer (got {type(tokenizer).__name__})")
+    return tokenizer
+
+
+def apply_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """Render ``messages`` with the tokenizer's chat template and return the prompt token ids.
+
+    Raises:
+        ValueError: when the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(f"Tokenizer {name!r} has no chat template; cannot format chat messages")
+    # return_dict=False: transformers >= 5 defaults to returning a BatchEncoding.
+    out = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
+    if isinstance(out, Mapping):  # defensive: some versions/tokenizers still return a dict
+        out = out["input_ids"]
+    ids = list(out)
+    if ids and isinstance(ids[0], list):  # batched form
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+class IncrementalDetokenizer:
+    """Turn a stream of generated token ids into text deltas without breaking multi-byte characters.
+
+    Uses the usual prefix/read-offset window: each ``add`` decodes only the tokens from ``prefix_offset``
+    (a few tokens of already-emitted context, so context-dependent decoders such as SentencePiece's
+    leading-space handling behave) to the end, and emits the part past the decoded context. Text ending
+    in U+FFFD (an incomplete UTF-8 sequence) is held back until a later token completes it, or until
+    ``flush()``. Total work over a stream is linear in the number of tokens.
+    """
+
+    #: Prompt tokens used as decoding context for the first output tokens.
+    PROMPT_CONTEXT = 5
+    #: Held-back tokens after which we try to emit a stable prefix (guards against endless U+FFFD runs).
+    MAX_PENDING = 8
+    #: Tokens kept held back when emitting a stable prefix (a UTF-8 char spans at most 4 bytes).
+    HOLD = 4
+    #: Hard cap on held-back tokens, for decoders whose invalid-byte output is not prefix-stable.
+    HARD_MAX_PENDING = 64
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = [int(i) for i in prompt_token_ids]
+        self._num_prompt = len(self._ids)
+        self._read_offset = len(self._ids)
+        self._prefix_offset = max(len(self._ids) - self.PROMPT_CONTEXT, 0)
+        self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        if self._prefix_text.endswith(_REPLACEMENT_CHAR):
+            # The prompt ends mid-character: decode the output on its own rather than against broken context.
+            self._prefix_offset, self._prefix_text = self._read_offset, ""
+        self._text_parts: list[str] = []
+
+    # -- public API ---------------------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        """All output text emitted so far (the concatenation of every returned delta)."""
+        if len(self._text_parts) > 1:
+            self._text_parts = ["".join(self._text_parts)]
+        return self._text_parts[0] if self._text_parts else ""
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._ids[self._num_prompt :]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Output tokens whose text is still held back."""
+        return len(self._ids) - self._read_offset
+
+    def add(self, new_token_ids: Sequence[int]) -> str:
+        """Append newly generated token ids; return the newly completed text (possibly ``""``)."""
+        if not new_token_ids:
+            return ""
+        self._ids.extend(int(i) for i in new_token_ids)
+        n = len(self._ids)
+        new_text = self._decode(self._prefix_offset, n)
+        pending = n - self._read_offset
+        if not new_text.endswith(_REPLACEMENT_CHAR):
+            # Clean end: emit. Tokens that decode to nothing (skipped special tokens) are kept as context
+            # unless they pile up.
+            if len(new_text) > len(self._prefix_text) or pending > self.MAX_PENDING:
+                return self._advance(new_text, n)
+            return ""
+        if pending > self.MAX_PENDING:
+            # A long run ending in U+FFFD: emit up to a cut that later tokens can no longer change.
+            cut = n - self.HOLD
+            cut_text = self._decode(self._prefix_offset, cut)
+            if new_text.startswith(cut_text) or pending > self.HARD_MAX_PENDING:
+                return self._advance(cut_text, cut)
+        return ""
+
+    def flush(self) -> str:
+        """Emit whatever is still held back (possibly containing U+FFFD); call once the stream ends."""
+        n = len(self._ids)
+        if n == self._read_offset:
+            return ""
+        return self._advance(self._decode(self._prefix_offset, n), n)
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _decode(self, start: int, end: int) -> str:
+        if start >= end:
+            return ""
+        text = self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
+        if not isinstance(text, str):  # pragma: no cover - only for misbehaving tokenizers
+            raise TypeError(f"tokenizer.decode returned {type(text).__name__}, expected str")
+        return text
+
+    def _advance(self, window_text: str, end: int) -> str:
+        """Emit ``window_text`` past the context and move the window so it ends at token ``end``."""
+        delta = window_text[len(self._prefix_text) :]
+        self._prefix_offset, self._read_offset = self._read_offset, end
+        self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
+        if delta:
+            self._text_parts.append(delta)
+        return delta

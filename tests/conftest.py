@@ -1,0 +1,90 @@
+"""Shared pytest fixtures and hooks for the roseinfer test suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+# ---------------------------------------------------------------------------
+# Hooks
+# ---------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` when no CUDA device is present (the one allowed conditional skip)."""
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer fixture
+# ---------------------------------------------------------------------------
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_TRAIN_TEXT_EN = (
+    "The quick brown fox jumps over the lazy dog. "
+    "An inference engine schedules requests, batches them, and streams tokens back to the user. "
+    "Paged attention stores the key value cache in fixed size blocks so memory is not wasted. "
+    "Hello world! How are you doing today? I am fine, thank you very much. "
+    "Numbers like 12345, 3.14159 and 2024-06-01 also show up in real text. "
+)
+_TRAIN_TEXT_ZH = (
+    "大语言模型推理引擎需要高效地管理显存。"
+    "你好，世界！今天天气很好，我们一起去公园散步吧。"
+    "注意力机制是变换器模型的核心组成部分。"
+    "中文字符在UTF-8编码中通常占用三个字节。"
+)
+_TRAIN_TEXT_EMOJI = "Emoji test 😀 😃 🚀 🎉 👍🏽 ❤️ 🇨🇳 👨‍👩‍👧 🤖 done. "
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _training_corpus() -> list[str]:
+    base = [_TRAIN_TEXT_EN, _TRAIN_TEXT_ZH, _TRAIN_TEXT_EMOJI]
+    # A few KB in total; repetition lets BPE learn merges, including some multi-byte ones.
+    return [text for _ in range(8) for text in base]
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Train a tiny byte-level BPE tokenizer (ChatML template) and save it as a HF tokenizer dir."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_corpus(), trainer=trainer)
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token=None,
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    hf_tok.chat_template = CHATML_TEMPLATE
+    out_dir = tmp_path_factory.mktemp("hf_tokenizer")
+    hf_tok.save_pretrained(str(out_dir))
+    return out_dir
