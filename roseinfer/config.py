@@ -180,6 +180,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     mode: str = "continuous"
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # admission order: fcfs | lpm (longest cached prefix first, with aging)
 
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULER_MODES:

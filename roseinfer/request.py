@@ -34,6 +34,7 @@ class Request:
         eos_token_ids: tuple[int, ...] = (),
         prompt: str | None = None,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -44,6 +45,12 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # the block table, in token order
+        self.block_hashes: list[bytes] = []  # content keys of the full blocks of all_token_ids so far
+        self.num_registered_blocks = 0  # leading blocks already registered in the prefix cache
+        self.cache_salt = cache_salt
+        self.parent: Request | None = None  # set on the n-1 extra samples forked from an n > 1 request
+        self.sample_index = 0
+        self.enqueued_step = 0  # scheduler step at which it (last) entered the waiting queue
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0

@@ -12,6 +12,7 @@ from roseinfer.kv.manager import KVCacheManager
 from roseinfer.profiling import record
 from roseinfer.request import Request, RequestStatus
 from roseinfer.runner.model_runner import ModelRunner
+from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler
 
 
@@ -35,8 +36,10 @@ class EngineCore:
         self.runner = ModelRunner(config, model_path, model)
         num_blocks = self.runner.determine_num_blocks()
         self.runner.allocate_kv_cache(num_blocks)
-        self.kv = KVCacheManager(num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.kv, config.max_model_len)
+        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, config.max_model_len, AdmissionPolicy(config.scheduler.policy)
+        )
         self.stats = StepStats()
 
     @property
@@ -67,10 +70,9 @@ class EngineCore:
             return [], []
         sampled = self.runner.execute(out)
         with record("update"):
-            finished = self.scheduler.update_from_output(out, sampled)
+            got, finished = self.scheduler.update_from_output(out, sampled)
         for req in finished:
             self.runner.release(req.request_id)
-        got = [s.request for s, tok in zip(out.scheduled, sampled) if tok is not None]
         dt = time.perf_counter() - t0
         self.stats.num_steps += 1
         if out.has_prefill:

@@ -16,7 +16,7 @@ from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]  # dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}
 
 
 class LLMEngine:
@@ -25,7 +25,7 @@ class LLMEngine:
         self.model_config = config.model_config
         self.tokenizer = self._load_tokenizer(config, model_path)
         self.core = EngineCore(config, model_path, model)
-        self.requests: dict[str, _Tracked] = {}
+        self.groups: dict[str, _Group] = {}
         self._ids = itertools.count()
 
     @staticmethod
@@ -87,24 +87,24 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> str:
+        if isinstance(prompt, dict):
+            cache_salt = prompt.get("cache_salt", cache_salt)
+            prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
         ids = self.validate(prompt, params)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self.requests:
+        if rid in self.groups:
             raise ValueError(f"request_id {rid!r} is already in use")
-        req = Request(
-            rid,
-            ids,
-            params,
-            self.model_config.eos_token_ids,
-            prompt if isinstance(prompt, str) else None,
-            arrival_time,
-        )
-        self.requests[rid] = _Tracked(req, self._detokenizer(req))
+        text = prompt if isinstance(prompt, str) else None
+        req = Request(rid, ids, params, self.model_config.eos_token_ids, text, arrival_time, cache_salt)
+        self.groups[rid] = _Group(req, self)
         self.core.add_request(req)
         return rid
 
-    def _detokenizer(self, req: Request) -> Any | None:
+    def detokenizer(self, req: Request) -> Any | None:
         if self.tokenizer is None:
             return None
         from roseinfer.tokenizer import IncrementalDetokenizer
@@ -112,9 +112,31 @@ class LLMEngine:
         return IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.skip_special_tokens)
 
     def abort_request(self, request_id: str) -> None:
-        tracked = self.requests.pop(request_id, None)
-        if tracked is not None:
-            self.core.finish(tracked.req, RequestStatus.FINISHED_ABORTED)
+        group = self.groups.pop(request_id, None)
+        if group is not None:
+            for seq in group.seqs:
+                self.core.finish(seq.req, RequestStatus.FINISHED_ABORTED)
+
+    def pin_prefix(self, prefix: str | list[int]) -> int:
+        """Compute `prefix` now and pin its full blocks so they are never evicted; returns tokens pinned.
+
+        The prefix is cut to a whole number of blocks (page-aligned): a partial block cannot be pinned.
+        """
+        if not self.config.cache.enable_prefix_caching:
+            raise ValueError("pinned prefixes need enable_prefix_caching=True")
+        ids = self.validate(prefix, SamplingParams(max_tokens=1))
+        aligned = len(ids) - len(ids) % self.config.cache.block_size
+        if aligned == 0:
+            raise ValueError(
+                f"prefix of {len(ids)} tokens is shorter than one block ({self.config.cache.block_size} tokens)"
+            )
+        ids = ids[:aligned]
+        rid = self.add_request(
+            ids, SamplingParams(max_tokens=1, ignore_eos=True), request_id=f"pin-{next(self._ids)}"
+        )
+        while rid in self.groups:
+            self.step()
+        return self.core.kv.pin(Request(rid, ids, SamplingParams(max_tokens=1)))
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished()
@@ -124,20 +146,25 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns an output for every request that produced a token or finished."""
         got, _ = self.core.step()
-        outputs = []
+        touched: dict[str, _Group] = {}
         for req in got:
-            tracked = self.requests.get(req.request_id)
-            if tracked is None:
-                continue
-            tracked.on_token(self)
-            outputs.append(tracked.output())
-            if req.is_finished:
-                del self.requests[req.request_id]
+            root = req.parent or req
+            group = self.groups.get(root.request_id)
+            if group is None:
+                continue  # aborted meanwhile
+            group.on_token(req)
+            touched[root.request_id] = group
+        outputs = []
+        for rid, group in touched.items():
+            out = group.output()
+            outputs.append(out)
+            if out.finished:
+                del self.groups[rid]
         return outputs
 
 
-class _Tracked:
-    """Per-request text state that lives outside the step loop."""
+class _Sequence:
+    """One sample's text state, kept outside the step loop."""
 
     def __init__(self, req: Request, detok: Any | None) -> None:
         self.req = req
@@ -167,16 +194,35 @@ class _Tracked:
             else:
                 engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
 
-    def output(self) -> RequestOutput:
+    def output(self) -> CompletionOutput:
         req = self.req
+        return CompletionOutput(req.sample_index, self.text, list(req.output_token_ids), req.finish_reason)
+
+
+class _Group:
+    """A request and, for n > 1, the samples forked from it after its prefill."""
+
+    def __init__(self, req: Request, engine: LLMEngine) -> None:
+        self.root = req
+        self.engine = engine
+        self.seqs = [_Sequence(req, engine.detokenizer(req))]
+
+    def on_token(self, req: Request) -> None:
+        if req.sample_index >= len(self.seqs):
+            self.seqs.append(_Sequence(req, self.engine.detokenizer(req)))
+        self.seqs[req.sample_index].on_token(self.engine)
+
+    def output(self) -> RequestOutput:
+        root = self.root
+        n = root.params.n
         return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=[CompletionOutput(0, self.text, list(req.output_token_ids), req.finish_reason)],
-            finished=req.is_finished,
-            num_cached_tokens=req.num_cached_tokens,
-            metrics=RequestMetrics(req.arrival_time, req.first_token_time),
+            request_id=root.request_id,
+            prompt=root.prompt,
+            prompt_token_ids=root.prompt_token_ids,
+            outputs=[seq.output() for seq in self.seqs],
+            finished=len(self.seqs) == n and all(seq.req.is_finished for seq in self.seqs),
+            num_cached_tokens=root.num_cached_tokens,
+            metrics=RequestMetrics(root.arrival_time, root.first_token_time),
         )
 
 

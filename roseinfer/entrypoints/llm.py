@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +41,7 @@ def make_engine_config(
     max_num_batched_tokens: int = 8192,
     scheduler_mode: str = "continuous",
     enable_chunked_prefill: bool = True,
+    admission_policy: str = "fcfs",
     max_model_len: int | None = None,
     attention_backend: str | None = None,
     enforce_eager: bool = False,
@@ -81,6 +83,21 @@ def make_engine_config(
     return config, path
 
 
+def load_prefix_file(path: str) -> list[str | list[int]]:
+    """Prefixes to pin: a JSON list (of strings or token-id lists), or JSON lines with one such item each."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not isinstance(items, list) or not all(isinstance(i, str | list) for i in items):
+        raise ValueError(
+            f"{path}: expected a JSON list of prompts (strings or token-id lists), or JSON lines"
+        )
+    return items
+
+
 def _triton_available() -> bool:
     try:
         import roseinfer.attention.triton_backend  # noqa: F401
@@ -93,9 +110,17 @@ class LLM:
     """Offline engine. `model` is an HF directory, a hub id, a config.json, or a built-in shape id
     (`roseinfer.models.loader.builtin_shapes()`) with `load_format="dummy"`."""
 
-    def __init__(self, model: str, **kwargs) -> None:
+    def __init__(
+        self,
+        model: str,
+        pinned_prefixes: Sequence[str | list[int]] = (),
+        pin_prefix_file: str | None = None,
+        **kwargs,
+    ) -> None:
         config, path = make_engine_config(model, **kwargs)
         self.engine = LLMEngine(config, path)
+        prefixes = list(pinned_prefixes) + (load_prefix_file(pin_prefix_file) if pin_prefix_file else [])
+        self.pinned_tokens = [self.engine.pin_prefix(p) for p in prefixes]
 
     @property
     def tokenizer(self):

@@ -24,6 +24,7 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.cached_len = [0] * num_blocks  # leading slots covered by block_hash: immutable while cached
         self.cached: dict[bytes, int] = {}  # content hash -> block id
         self.pinned: set[int] = set()  # blocks the operator pinned: never evicted
         self.num_evictions = 0
@@ -44,11 +45,8 @@ class BlockPool:
         return out
 
     def _evict(self, block: int) -> None:
-        h = self.block_hash[block]
-        if h is not None:
-            self.block_hash[block] = None
-            if self.cached.get(h) == block:
-                del self.cached[h]
+        if self.block_hash[block] is not None:
+            self.drop_hash(block)
             self.num_evictions += 1
 
     def incref(self, blocks: list[int]) -> None:
@@ -67,19 +65,23 @@ class BlockPool:
             if rc == 1:
                 self.free_queue[b] = None
 
-    def set_hash(self, block: int, h: bytes) -> None:
-        """Register `block` as holding content `h`; the first block registered for a hash keeps it."""
-        if self.block_hash[block] is not None:
+    def set_hash(self, block: int, h: bytes, num_tokens: int) -> None:
+        """Register `block`'s first `num_tokens` slots as content `h` (a longer key replaces a shorter one).
+
+        If another block already holds `h`, this one stays private: one block per key.
+        """
+        if num_tokens <= self.cached_len[block] or h in self.cached:
             return
-        if h in self.cached:
-            return
+        self.drop_hash(block)
         self.block_hash[block] = h
+        self.cached_len[block] = num_tokens
         self.cached[h] = block
 
     def drop_hash(self, block: int) -> None:
         h = self.block_hash[block]
         if h is not None:
             self.block_hash[block] = None
+            self.cached_len[block] = 0
             if self.cached.get(h) == block:
                 del self.cached[h]
 

@@ -1,10 +1,17 @@
-"""Per-request block allocation on top of the block pool."""
+"""Per-request block tables on top of the block pool: prefix reuse, copy-on-write, registration, free.
+
+Write rule (invariant 3): a request writes into block `b` only if it holds the sole reference and `b`
+holds no cached content (cached blocks are immutable, a partly filled one too, so that its key stays
+valid for later identical prompts); otherwise the block is first copied to a private block. The copies
+of one step are collected here and executed by the runner in one batched launch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from roseinfer.kv.block_pool import BlockPool
+from roseinfer.kv.prefix_cache import extend_block_hashes, hash_partial_block, root_hash
 from roseinfer.request import Request
 
 
@@ -13,9 +20,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
+        self.pending_copies: list[tuple[int, int]] = []
+        self._pending_free: list[int] = []  # copy sources: released after the step's copies are issued
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
 
     @property
     def num_blocks(self) -> int:
@@ -25,28 +37,144 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
     def usage(self) -> float:
         return 1.0 - self.pool.num_free / self.pool.num_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
+    # -- prefix lookup ------------------------------------------------------------------------------
+
+    def _hashes(self, req: Request) -> list[bytes]:
+        extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size, req.cache_salt)
+        return req.block_hashes
+
+    def _partial_key(self, req: Request, num_tokens: int) -> bytes:
+        full = num_tokens // self.block_size
+        parent = req.block_hashes[full - 1] if full else root_hash(req.cache_salt)
+        return hash_partial_block(parent, req.all_token_ids[full * self.block_size : num_tokens])
+
+    def find_cached_prefix(self, req: Request) -> tuple[list[int], int]:
+        """Blocks holding the longest cached prefix of the request's tokens, and its length in tokens."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        cached = self.pool.cached
+        blocks = []
+        for h in self._hashes(req):
+            b = cached.get(h)
+            if b is None:
+                break
+            blocks.append(b)
+        num_tokens = len(blocks) * self.block_size
+        if len(blocks) == len(req.block_hashes) and num_tokens < req.num_tokens:
+            b = cached.get(self._partial_key(req, req.num_tokens))
+            if b is not None:
+                blocks.append(b)
+                num_tokens = req.num_tokens
+        return blocks, num_tokens
+
+    def admit(self, req: Request) -> int:
+        """Attach the cached prefix to a request entering the running set; returns the hit in tokens.
+
+        At least the last token is always left to compute: its logits are needed.
+        """
+        assert not req.block_ids
+        blocks, hit = self.find_cached_prefix(req)
+        self.pool.incref(blocks)
+        req.block_ids = blocks
+        req.num_computed_tokens = min(hit, req.num_tokens - 1)
+        req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
+        return hit
+
+    def count_query(self, num_tokens: int, hit: int) -> None:
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += num_tokens
+            self.num_hit_tokens += hit
+
+    # -- allocation -------------------------------------------------------------------------------
+
+    def _must_copy(self, block: int) -> bool:
+        return self.pool.ref_counts[block] > 1 or self.pool.block_hash[block] is not None
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
-        """Make room for `num_new_tokens` after `req.num_computed_tokens`; False (nothing changed) if full."""
-        need = self.blocks_for(req.num_computed_tokens + num_new_tokens) - len(req.block_ids)
-        if need <= 0:
-            return True
-        if need > self.pool.num_free:
+        """Make `num_new_tokens` slots after `num_computed_tokens` writable; False (nothing changed) if full."""
+        bs = self.block_size
+        start, end = req.num_computed_tokens, req.num_computed_tokens + num_new_tokens
+        table = req.block_ids
+        first, last = start // bs, min(len(table), cdiv(end, bs))
+        cow = [i for i in range(first, last) if self._must_copy(table[i])]
+        need = max(0, self.blocks_for(end) - len(table))
+        if need + len(cow) > self.pool.num_free:
             return False
-        req.block_ids.extend(self.pool.allocate(need))
+        for i in cow:
+            src, (dst,) = table[i], self.pool.allocate(1)
+            self.pending_copies.append((src, dst))
+            self._pending_free.append(src)
+            table[i] = dst
+        if need:
+            table.extend(self.pool.allocate(need))
         return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The step's (src, dst) copies; their sources are released only now, so no block is both."""
+        copies, self.pending_copies = self.pending_copies, []
+        self.pool.free(self._pending_free)
+        self._pending_free = []
+        return copies
+
+    def on_computed(self, req: Request, prompt_done: bool) -> None:
+        """Register blocks whose KV became complete this step, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        bs, n = self.block_size, req.num_computed_tokens
+        full = n // bs
+        if full > req.num_registered_blocks:
+            hashes = self._hashes(req)
+            for i in range(req.num_registered_blocks, full):
+                self.pool.set_hash(req.block_ids[i], hashes[i], bs)
+            req.num_registered_blocks = full
+        if prompt_done and req.num_prompt_tokens % bs:
+            # The partly filled last prompt block: identical prompts and n > 1 samples share it.
+            k = req.num_prompt_tokens
+            self._hashes(req)
+            self.pool.set_hash(req.block_ids[k // bs], self._partial_key(req, k), k % bs)
 
     def free(self, req: Request) -> None:
         # Deepest block first: it is the least likely to be shared, so it should be evicted first.
         self.pool.free(list(reversed(req.block_ids)))
         req.block_ids = []
+        req.num_registered_blocks = 0
 
-    def check_invariants(self, requests: Iterable[Request]) -> None:
+    def fork(self, parent: Request, child: Request) -> None:
+        """`child` shares every block of `parent` (n > 1 samples of one prompt)."""
+        self.pool.incref(parent.block_ids)
+        child.block_ids = list(parent.block_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_registered_blocks = parent.num_registered_blocks
+        child.block_hashes = list(parent.block_hashes)
+
+    # -- pins ---------------------------------------------------------------------------------------
+
+    def pin(self, req: Request) -> int:
+        """Pin the cached full blocks of `req`'s tokens so they are never evicted; returns tokens pinned."""
+        blocks, _ = self.find_cached_prefix(req)
+        blocks = blocks[: req.num_tokens // self.block_size]
+        new = [b for b in blocks if b not in self.pool.pinned]
+        self.pool.incref(new)
+        self.pool.pinned.update(new)
+        return len(blocks) * self.block_size
+
+    # -- checks -------------------------------------------------------------------------------------
+
+    def check_invariants(
+        self, requests: Iterable[Request], writers: Sequence[tuple[Request, int]] = ()
+    ) -> None:
+        """Conservation, ref counts = holders, free queue = unreferenced; `writers` (request, first write
+        position) must hold their write blocks alone."""
         holders: dict[int, int] = {}
         for req in requests:
             if len(req.block_ids) != len(set(req.block_ids)):
@@ -61,3 +189,7 @@ class KVCacheManager:
         held = sum(1 for rc in self.pool.ref_counts if rc > 0)
         if held + self.pool.num_free != self.pool.num_blocks:
             raise AssertionError("conservation: held + free != pool size")
+        for req, pos in writers:
+            b = req.block_ids[pos // self.block_size]
+            if self._must_copy(b):
+                raise AssertionError(f"{req} writes block {b} that others can read")

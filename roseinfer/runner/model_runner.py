@@ -137,38 +137,53 @@ class ModelRunner:
         pos_t = torch.from_numpy(positions).to(self.device, non_blocking=True)
         return ids_t, pos_t, meta
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""
+        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
+        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
+        self.kv_cache[dst] = self.kv_cache[src]
+
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> list[int | None]:
+    def execute(self, out: SchedulerOutput) -> list[list[int]]:
+        """Runs one step; returns the sampled tokens of each scheduled request (empty if it did not sample)."""
         assert self.kv_cache is not None, "allocate_kv_cache() first"
+        if out.blocks_to_copy:
+            with record("copy_blocks"):
+                self.copy_blocks(out.blocks_to_copy)
         with record("prepare_inputs"):
             ids, positions, meta = self.prepare_inputs(out)
         with record("forward"):
             hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
-        rows = [i for i, s in enumerate(out.scheduled) if s.sample]
+        rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
+        result: list[list[int]] = [[] for _ in out.scheduled]
         if not rows:
-            return [None] * len(out.scheduled)
+            return result
         with record("sample"):
             last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in rows], device=self.device)
             logits = self.model.compute_logits(hidden[last])
             reqs = [out.scheduled[i].request for i in rows]
-            batch = SamplingBatch.build(
-                [r.params for r in reqs], [self._generator(r) for r in reqs], self.cfg.vocab_size, self.device
-            )
+            seen: dict[int, int] = {}
+            gens = []
+            for i, r in zip(rows, reqs):
+                k = seen[i] = seen.get(i, -1) + 1  # the k-th sample of this row: child k of a fork
+                gens.append(self._generator(r, k))
+            batch = SamplingBatch.build([r.params for r in reqs], gens, self.cfg.vocab_size, self.device)
             tokens = sample(logits, batch).tolist()
-        result: list[int | None] = [None] * len(out.scheduled)
         for i, tok in zip(rows, tokens):
-            result[i] = tok
+            result[i].append(tok)
         return result
 
-    def _generator(self, req) -> torch.Generator | None:
+    def _generator(self, req, sample_index: int = 0) -> torch.Generator | None:
+        """The request's own generator when seeded; sample i of an n > 1 request uses seed + i."""
         seed = req.params.seed
         if seed is None or req.params.greedy:
             return None
-        gen = self.generators.get(req.request_id)
+        key = req.request_id if sample_index == 0 else f"{req.request_id}#{sample_index}"
+        gen = self.generators.get(key)
         if gen is None:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-            self.generators[req.request_id] = gen
+            gen.manual_seed(seed + sample_index + req.sample_index)
+            self.generators[key] = gen
         return gen
 
     def release(self, request_id: str) -> None:

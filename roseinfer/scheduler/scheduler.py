@@ -12,20 +12,25 @@ from dataclasses import dataclass, field
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
+from roseinfer.scheduler.policy import AdmissionPolicy
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens
-    sample: bool  # the chunk reaches the end of the known tokens, so the step yields a new token
+    num_samples: int  # 0: the chunk ends inside known tokens; 1; or n for the prefill of an n > 1 request
+
+    @property
+    def sample(self) -> bool:
+        return self.num_samples > 0
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), one batched copy
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): one batched copy
 
     @property
     def num_tokens(self) -> int:
@@ -41,17 +46,26 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        max_model_len: int,
+        policy: AdmissionPolicy | None = None,
+    ) -> None:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
+        self.policy = policy or AdmissionPolicy()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the newest
         self.num_preemptions = 0
+        self.num_steps = 0
 
     # -- queue management -------------------------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
+        req.enqueued_step = self.num_steps
         self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
@@ -107,6 +121,8 @@ class Scheduler:
 
         if not out.preempted:
             self._admit(out, budget)
+        out.blocks_to_copy = self.kv.take_copies()
+        self.num_steps += 1
         return out
 
     def _pick_victim(self, scheduled: set[int]) -> Request:
@@ -118,15 +134,29 @@ class Scheduler:
         max_seqs = 1 if mode == "naive" else self.config.max_num_seqs
         if mode != "continuous" and self.running:
             return  # static batches: no one joins until the whole batch is done
+        if self.policy.name != "fcfs" and len(self.waiting) > 1:
+            cached = {}
+
+            def hit(r: Request) -> int:
+                if id(r) not in cached:
+                    cached[id(r)] = self.kv.find_cached_prefix(r)[1]
+                return cached[id(r)]
+
+            self.waiting = deque(self.policy.order(list(self.waiting), hit, self.num_steps))
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             req = self.waiting[0]
+            hit = self.kv.admit(req)
             num_new = req.num_tokens - req.num_computed_tokens
-            if num_new > budget and not self.config.enable_chunked_prefill:
-                break
+            fits = num_new <= budget or self.config.enable_chunked_prefill
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(req, num_new):
+            if not fits or not self.kv.allocate_slots(req, num_new):
+                self.kv.free(req)
+                req.num_computed_tokens = 0
                 break
+            self.kv.count_query(req.num_tokens, hit)
             self.waiting.popleft()
+            if req.status == RequestStatus.WAITING:
+                req.num_cached_tokens = req.num_computed_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(self._scheduled(req, num_new))
@@ -134,27 +164,60 @@ class Scheduler:
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
-        return ScheduledRequest(req, num_new, req.num_computed_tokens + num_new == req.num_tokens)
+        if req.num_computed_tokens + num_new < req.num_tokens:
+            return ScheduledRequest(req, num_new, 0)
+        forks = req.params.n if req.parent is None and req.num_output_tokens == 0 else 1
+        return ScheduledRequest(req, num_new, forks)
 
-    def update_from_output(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
-        """`sampled[i]` is the token for `out.scheduled[i]` (None where it did not sample)."""
-        finished = []
-        for s, token in zip(out.scheduled, sampled, strict=True):
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: list[list[int]]
+    ) -> tuple[list[Request], list[Request]]:
+        """`sampled[i]` holds the tokens for `out.scheduled[i]` (empty where it did not sample).
+
+        Returns (requests that got a token, requests that finished); n > 1 forks appear in the first.
+        """
+        got, finished = [], []
+        for s, tokens in zip(out.scheduled, sampled, strict=True):
             req = s.request
+            before = req.num_computed_tokens
             req.num_computed_tokens += s.num_new_tokens
-            if not s.sample or token is None or req.is_finished:
+            if req.is_finished:
                 continue
-            req.append_token(token)
-            status = req.check_stop_token(self.max_model_len)
-            if status is not None:
-                self.finish(req, status)
-                finished.append(req)
-        return finished
+            prompt_done = before < req.num_prompt_tokens <= req.num_computed_tokens
+            self.kv.on_computed(req, prompt_done)
+            if not tokens:
+                continue
+            family = [req] + [self._fork(req, i) for i in range(1, len(tokens))]
+            for member, token in zip(family, tokens):
+                got.append(member)
+                member.append_token(token)
+                status = member.check_stop_token(self.max_model_len)
+                if status is not None:
+                    self.finish(member, status)
+                    finished.append(member)
+        return got, finished
+
+    def _fork(self, parent: Request, index: int) -> Request:
+        child = Request(
+            f"{parent.request_id}#{index}",
+            parent.prompt_token_ids,
+            parent.params,
+            parent.eos_token_ids,
+            parent.prompt,
+            parent.arrival_time,
+            parent.cache_salt,
+        )
+        child.parent, child.sample_index = parent, index
+        child.num_cached_tokens = parent.num_cached_tokens
+        self.kv.fork(parent, child)
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+        return child
 
     def check_invariants(self) -> None:
         self.kv.check_invariants(self.running)
         for req in self.waiting:
-            if req.block_ids and req.status == RequestStatus.PREEMPTED:
-                raise AssertionError(f"preempted {req} still holds blocks")
-        if len({id(r) for r in self.running} & {id(r) for r in self.waiting}):
+            if req.block_ids:
+                raise AssertionError(f"waiting {req} holds blocks")
+        if {id(r) for r in self.running} & {id(r) for r in self.waiting}:
             raise AssertionError("a request is both running and waiting")

@@ -32,7 +32,7 @@ def engine_prefill_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     req = Request("logits-probe", prompt, SamplingParams(max_tokens=1))
     assert core.kv.allocate_slots(req, len(prompt))
     try:
-        out = SchedulerOutput([ScheduledRequest(req, len(prompt), sample=False)])
+        out = SchedulerOutput([ScheduledRequest(req, len(prompt), num_samples=0)])
         ids, pos, meta = core.runner.prepare_inputs(out)
         with torch.inference_mode():
             ctx = ForwardContext(core.runner.kv_cache, meta, core.runner.backend)

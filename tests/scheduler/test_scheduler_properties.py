@@ -41,7 +41,7 @@ def run_random_stream(seed: int, mode: str = "continuous") -> Scheduler:
             r = s.request
             assert r.status == RequestStatus.RUNNING
             assert len(r.block_ids) * block_size >= r.num_computed_tokens + s.num_new_tokens
-        sampled = [rng.choice([7, 11, 12, 13]) if s.sample else None for s in out.scheduled]
+        sampled = [[rng.choice([7, 11, 12, 13])] * s.num_samples for s in out.scheduled]
         sched.update_from_output(out, sampled)
         sched.check_invariants()
         if rng.random() < 0.05 and sched.running:  # an abort from outside
@@ -52,7 +52,7 @@ def run_random_stream(seed: int, mode: str = "continuous") -> Scheduler:
     while sched.has_unfinished():
         out = sched.schedule()
         assert not out.is_empty, "scheduler stalled"
-        sched.update_from_output(out, [11 if s.sample else None for s in out.scheduled])
+        sched.update_from_output(out, [[11] * s.num_samples for s in out.scheduled])
         sched.check_invariants()
     for r in all_reqs:
         assert r.is_finished and not r.block_ids
@@ -81,7 +81,7 @@ def test_naive_runs_one_request_at_a_time():
     while sched.has_unfinished():
         out = sched.schedule()
         assert len(out.scheduled) == 1
-        sched.update_from_output(out, [5 if s.sample else None for s in out.scheduled])
+        sched.update_from_output(out, [[5] * s.num_samples for s in out.scheduled])
 
 
 def test_static_batch_admits_nobody_until_done():
@@ -94,7 +94,7 @@ def test_static_batch_admits_nobody_until_done():
     assert [s.request for s in out.scheduled] == reqs[:2]
     while reqs[1].status == RequestStatus.RUNNING:
         assert reqs[2].status == RequestStatus.WAITING
-        sched.update_from_output(out, [5 if s.sample else None for s in out.scheduled])
+        sched.update_from_output(out, [[5] * s.num_samples for s in out.scheduled])
         out = sched.schedule()
         if reqs[1].is_finished:
             break
@@ -112,12 +112,12 @@ def test_decode_first_and_newest_preempted():
     sched.add_request(new)
     out = sched.schedule()
     assert [s.num_new_tokens for s in out.scheduled] == [7, 8]
-    sched.update_from_output(out, [3, 3])
+    sched.update_from_output(out, [[3], [3]])
     # old: 8 tokens in 2 blocks, new: 9 tokens needs a 3rd block... pool has 4 blocks: new fits, then old
     # needs a 3rd block at token 9 and the newest request is preempted to make room.
     for _ in range(10):
         out = sched.schedule()
-        sched.update_from_output(out, [3 if s.sample else None for s in out.scheduled])
+        sched.update_from_output(out, [[3] * s.num_samples for s in out.scheduled])
         sched.check_invariants()
         if sched.num_preemptions:
             break

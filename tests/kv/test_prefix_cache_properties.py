@@ -1,0 +1,203 @@
+"""Block pool + prefix cache under random request streams with shared prefixes (no model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from roseinfer.config import SchedulerConfig
+from roseinfer.kv.manager import KVCacheManager
+from roseinfer.kv.prefix_cache import ROOT, hash_full_block, hash_partial_block, root_hash
+from roseinfer.request import Request, RequestStatus
+from roseinfer.sampling_params import SamplingParams
+from roseinfer.scheduler.policy import AdmissionPolicy
+from roseinfer.scheduler.scheduler import Scheduler
+
+
+def check_step(sched: Scheduler, out) -> None:
+    """Invariants, plus: every block a scheduled request writes this step is private and uncached."""
+    bs = sched.kv.block_size
+    writers = []
+    for s in out.scheduled:
+        r = s.request
+        for pos in range(r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens, 1):
+            if pos == r.num_computed_tokens or pos % bs == 0:
+                writers.append((r, pos))
+    sched.kv.check_invariants(sched.running, writers)
+    dsts = [d for _, d in out.blocks_to_copy]
+    srcs = [s for s, _ in out.blocks_to_copy]
+    assert len(set(dsts)) == len(dsts) and not set(dsts) & set(srcs)
+
+
+def run_stream(seed: int) -> KVCacheManager:
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 8])
+    num_blocks = rng.randint(12, 80)
+    kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=True)
+    policy = AdmissionPolicy(rng.choice(["fcfs", "lpm"]), max_wait_steps=rng.randint(1, 10))
+    sched = Scheduler(
+        SchedulerConfig(rng.randint(1, 6), rng.choice([3, 8, 64]), "continuous"), kv, 10_000, policy
+    )
+    bases = [[rng.randint(10, 60) for _ in range(rng.randint(1, 30))] for _ in range(3)]
+    pool_tokens = num_blocks * bs
+    reqs, next_id = [], 0
+    for _ in range(300):
+        if rng.random() < 0.35 and next_id < 50:
+            max_tokens = rng.randint(1, 8)
+            base = rng.choice(bases)
+            prompt = base[: rng.randint(1, len(base))] + [
+                rng.randint(10, 60) for _ in range(rng.randint(0, 6))
+            ]
+            n = rng.choice([1, 1, 2, 3])
+            if (len(prompt) + max_tokens) * n + bs * n > pool_tokens:
+                continue
+            salt = rng.choice([None, None, "t1"])
+            req = Request(str(next_id), prompt, SamplingParams(max_tokens=max_tokens, n=n), cache_salt=salt)
+            next_id += 1
+            reqs.append(req)
+            sched.add_request(req)
+        if not sched.has_unfinished():
+            continue
+        out = sched.schedule()
+        check_step(sched, out)
+        got, _ = sched.update_from_output(
+            out, [[rng.randint(10, 60) for _ in range(s.num_samples)] for s in out.scheduled]
+        )
+        reqs.extend(r for r in got if r.parent is not None and r not in reqs)
+        sched.check_invariants()
+        if rng.random() < 0.05 and sched.running:
+            sched._preempt(rng.choice(sched.running))
+            sched.check_invariants()
+    for _ in range(2000):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        check_step(sched, out)
+        sched.update_from_output(out, [[11] * s.num_samples for s in out.scheduled])
+    assert not sched.has_unfinished()
+    for r in reqs:
+        assert r.is_finished and not r.block_ids
+    assert kv.num_free_blocks == num_blocks  # all blocks back, some still cached for reuse
+    assert len(kv.pool.cached) <= num_blocks
+    return kv
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_shared_prefix_streams(seed):
+    run_stream(seed)
+
+
+def test_streams_actually_hit_and_copy():
+    hits = sum(run_stream(s).num_hit_tokens for s in range(10))
+    assert hits > 0
+
+
+def test_hash_serialisation_does_not_alias():
+    assert hash_full_block(ROOT, [1, 23]) != hash_full_block(ROOT, [12, 3])
+    assert hash_full_block(ROOT, [1, 2]) != hash_partial_block(ROOT, [1, 2])
+    assert hash_full_block(ROOT, [2**32]) != hash_full_block(ROOT, [0, 1])
+    assert hash_full_block(ROOT, [256]) != hash_full_block(ROOT, [1, 0])
+    # A salt is no token list: salted and unsalted chains never meet.
+    assert root_hash("") != ROOT and root_hash("a") != root_hash("b")
+    parent = hash_full_block(ROOT, [5, 6])
+    assert hash_full_block(parent, [7, 8]) != hash_full_block(ROOT, [5, 6, 7, 8])
+
+
+def test_salted_requests_never_hit_each_other():
+    kv = KVCacheManager(32, 2)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    prompt = [5, 6, 7, 8, 9]
+
+    def run(salt):
+        r = Request(salt or "none", prompt, SamplingParams(max_tokens=1), cache_salt=salt)
+        sched.add_request(r)
+        while sched.has_unfinished():
+            out = sched.schedule()
+            sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        return r.num_cached_tokens
+
+    assert [run("a"), run("b"), run(None), run("a")] == [0, 0, 0, 4]
+
+
+def test_eviction_is_lru_and_deepest_first():
+    kv = KVCacheManager(6, 2)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+
+    def run(rid, prompt):
+        r = Request(rid, prompt, SamplingParams(max_tokens=1))
+        sched.add_request(r)
+        while sched.has_unfinished():
+            out = sched.schedule()
+            sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        return r
+
+    a = run("a", [1, 2, 3, 4])  # blocks for [1,2] and [3,4] stay cached after a finishes
+    a_first, a_deep = 0, 1
+    run("b", [5, 6, 7, 8])
+    assert run("c", [9, 10, 11]).num_cached_tokens == 0  # takes the two never-used blocks
+    # b2 hits all of b; recomputing its last token needs one private block: the least recently used
+    # free block is a's, and of a's the deepest goes first.
+    assert run("b2", [5, 6, 7, 8]).num_cached_tokens == 3
+    pool = kv.pool
+    assert pool.block_hash[a_deep] != a.block_hashes[1] and pool.block_hash[a_first] == a.block_hashes[0]
+    assert run("a2", [1, 2, 3, 4]).num_cached_tokens == 2  # a's first block survived
+
+
+def test_whole_prompt_hit_never_schedules_zero_tokens():
+    kv = KVCacheManager(16, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    for rid in ("x", "y"):
+        r = Request(rid, list(range(10, 18)), SamplingParams(max_tokens=2))
+        sched.add_request(r)
+        while sched.has_unfinished():
+            out = sched.schedule()
+            assert all(s.num_new_tokens >= 1 for s in out.scheduled)
+            check_step(sched, out)
+            sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    assert r.num_cached_tokens == 7
+
+
+def test_copies_of_one_step_are_batched():
+    """W5 in miniature: identical prompts whose last block is partly filled; a batch of hits copies together."""
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(4, 256), kv, 10_000)
+    prompt = [3, 4, 5, 6, 7]  # one full block + one partial block
+    first = Request("warm", prompt, SamplingParams(max_tokens=1))
+    sched.add_request(first)
+    out = sched.schedule()
+    sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    for i in range(4):
+        sched.add_request(Request(str(i), prompt, SamplingParams(max_tokens=2)))
+    out = sched.schedule()
+    assert len(out.scheduled) == 4 and all(s.num_new_tokens == 1 for s in out.scheduled)
+    assert len(out.blocks_to_copy) == 4  # four private copies of the shared partial block, one batch
+    assert len({src for src, _ in out.blocks_to_copy}) == 1
+    check_step(sched, out)
+
+
+def test_lpm_prefers_hits_but_ages_cold_requests():
+    kv = KVCacheManager(256, 4)
+    policy = AdmissionPolicy("lpm", max_wait_steps=3)
+    sched = Scheduler(SchedulerConfig(1, 64), kv, 10_000, policy)
+    warm_prompt = list(range(10, 30))
+    r0 = Request("seed", warm_prompt, SamplingParams(max_tokens=1))
+    sched.add_request(r0)
+    out = sched.schedule()
+    sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    cold = Request("cold", list(range(100, 120)), SamplingParams(max_tokens=1))
+    sched.add_request(cold)
+    admitted = []
+    for i in range(8):
+        sched.add_request(Request(f"warm{i}", warm_prompt + [i], SamplingParams(max_tokens=1)))
+    while sched.has_unfinished():
+        out = sched.schedule()
+        admitted += [
+            s.request.request_id
+            for s in out.scheduled
+            if s.request.num_output_tokens == 0 and s.request.request_id not in admitted
+        ]
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    assert admitted[0] == "warm0"  # a hit goes ahead of the older cold request
+    assert admitted.index("cold") <= 3  # but the cold one is admitted once it has waited 3 steps
+    assert cold.status == RequestStatus.FINISHED_LENGTH
