@@ -33,6 +33,10 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`kv_cache[dst[i]] = kv_cache[src[i]]` for all i in one batched operation (copy-on-write)."""
+        kv_cache[dst] = kv_cache[src]
+
 
 _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {}
 

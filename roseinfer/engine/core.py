@@ -36,6 +36,7 @@ class EngineCore:
         self.runner = ModelRunner(config, model_path, model)
         num_blocks = self.runner.determine_num_blocks()
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.capture_graphs()
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, config.max_model_len, AdmissionPolicy(config.scheduler.policy)

@@ -12,6 +12,8 @@ from roseinfer.config import EngineConfig
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
+from roseinfer.runner.cuda_graphs import DecodeGraphs
+from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.sampler import SamplingBatch, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
@@ -31,6 +33,8 @@ class ModelRunner:
         self.backend = get_backend(config.attention_backend)
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}
+        self.staging = Staging(self.device)
+        self.graphs: DecodeGraphs | None = None
 
     # -- KV cache ---------------------------------------------------------------------------------
 
@@ -62,16 +66,17 @@ class ModelRunner:
         num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size)
         self.allocate_kv_cache(num_blocks)
-        seq_lens = [num_tokens]
-        meta = self._metadata(
-            np.arange(num_tokens, dtype=np.int64),
-            [0, num_tokens],
-            seq_lens,
-            np.arange(num_blocks)[None],
-            num_tokens,
+        i32 = np.int32
+        step = HostStep(
+            input_ids=np.zeros(num_tokens, i32),
+            positions=np.arange(num_tokens, dtype=i32),
+            slot_mapping=np.arange(num_tokens, dtype=i32),
+            query_start_loc=np.array([0, num_tokens], i32),
+            seq_lens=np.array([num_tokens], i32),
+            block_tables=np.arange(num_blocks, dtype=i32)[None],
+            max_query_len=num_tokens,
         )
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device)
+        ids, pos, meta = upload_step(step, self.staging)
         hidden = self.model(ids, pos, ForwardContext(self.kv_cache, meta, self.backend))
         logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
         del hidden, logits
@@ -88,60 +93,32 @@ class ModelRunner:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def _metadata(
-        self,
-        slots: np.ndarray,
-        query_start_loc: list[int],
-        seq_lens: list[int],
-        block_tables: np.ndarray,
-        max_query_len: int,
-    ) -> AttentionMetadata:
-        dev = self.device
-
-        def t(a: np.ndarray | list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(a), dtype=dtype).to(dev, non_blocking=True)
-
-        return AttentionMetadata(
-            slot_mapping=t(slots, torch.int64),
-            query_start_loc=t(query_start_loc, torch.int32),
-            seq_lens=t(seq_lens, torch.int32),
-            block_tables=t(block_tables, torch.int32),
-            max_query_len=max_query_len,
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=query_start_loc,
-            seq_lens_cpu=seq_lens,
-        )
-
     def prepare_inputs(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        sched = out.scheduled
-        starts = np.fromiter((s.request.num_computed_tokens for s in sched), np.int64, len(sched))
-        lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, len(sched))
-        cu = np.zeros(len(sched) + 1, np.int64)
-        np.cumsum(lens, out=cu[1:])
-        total = int(cu[-1])
-        ids = np.empty(total, np.int64)
-        width = max(len(s.request.block_ids) for s in sched)
-        tables = np.zeros((len(sched), width), np.int64)
-        for i, s in enumerate(sched):
-            r = s.request
-            ids[cu[i] : cu[i + 1]] = r.all_token_ids[starts[i] : starts[i] + lens[i]]
-            tables[i, : len(r.block_ids)] = r.block_ids
-        seq_of_token = np.repeat(np.arange(len(sched)), lens)
-        positions = np.arange(total) - cu[:-1][seq_of_token] + starts[seq_of_token]
-        slots = (
-            tables[seq_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
+        return upload_step(build_host_step(out, self.block_size), self.staging)
+
+    def _forward_logits(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Every row's logits (used by the decode graphs, where every row samples)."""
+        hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+        return self.model.compute_logits(hidden)
+
+    def capture_graphs(self) -> None:
+        """Decode CUDA graphs; only on CUDA with a graph-safe backend and enforce_eager off."""
+        if self.device.type != "cuda" or self.config.enforce_eager or self.backend.name == "torch":
+            return
+        self.graphs = DecodeGraphs(
+            self._forward_logits,
+            self.device,
+            self.config.scheduler.max_num_seqs,
+            self.max_blocks_per_seq,
+            self.block_size,
         )
-        seq_lens = (starts + lens).tolist()
-        meta = self._metadata(slots, cu.tolist(), seq_lens, tables, int(lens.max()))
-        ids_t = torch.from_numpy(ids).to(self.device, non_blocking=True)
-        pos_t = torch.from_numpy(positions).to(self.device, non_blocking=True)
-        return ids_t, pos_t, meta
+        self.graphs.capture()
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""
         src = torch.tensor([p[0] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
         dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
-        self.kv_cache[dst] = self.kv_cache[src]
+        self.backend.copy_blocks(self.kv_cache, src, dst)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
@@ -151,16 +128,25 @@ class ModelRunner:
             with record("copy_blocks"):
                 self.copy_blocks(out.blocks_to_copy)
         with record("prepare_inputs"):
-            ids, positions, meta = self.prepare_inputs(out)
-        with record("forward"):
-            hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
-        rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
+            step = build_host_step(out, self.block_size)
+            rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
+            use_graph = self.graphs is not None and self.graphs.can_run(step)
+            if not use_graph:
+                ids, positions, meta = upload_step(step, self.staging)
         result: list[list[int]] = [[] for _ in out.scheduled]
+        with record("forward"):
+            if use_graph:
+                logits = self.graphs.run(step)
+                if len(rows) != step.num_seqs:
+                    logits = logits[torch.tensor(rows, device=self.device)]
+            else:
+                hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+                if rows:
+                    last = step.query_start_loc[1:][rows] - 1
+                    logits = self.model.compute_logits(hidden[torch.from_numpy(last).to(self.device)])
         if not rows:
             return result
         with record("sample"):
-            last = torch.tensor([meta.query_start_loc_cpu[i + 1] - 1 for i in rows], device=self.device)
-            logits = self.model.compute_logits(hidden[last])
             reqs = [out.scheduled[i].request for i in rows]
             seen: dict[int, int] = {}
             gens = []

@@ -1,0 +1,109 @@
+"""Step inputs built with numpy (no per-token Python loops) and moved in one host-to-device copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.scheduler.scheduler import SchedulerOutput
+
+
+@dataclass
+class HostStep:
+    """One step's batch as host arrays (int32), before it goes to the device."""
+
+    input_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    query_start_loc: np.ndarray  # [B + 1]
+    seq_lens: np.ndarray  # [B]
+    block_tables: np.ndarray  # [B, W]
+    max_query_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
+    sched = out.scheduled
+    n = len(sched)
+    starts = np.fromiter((s.request.num_computed_tokens for s in sched), np.int64, n)
+    lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)
+    cu = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=cu[1:])
+    width = max(len(s.request.block_ids) for s in sched)
+    tables = np.zeros((n, width), np.int32)
+    if int(lens.max()) == 1:  # decode: one token per request, no slicing
+        ids = np.fromiter((s.request.all_token_ids[-1] for s in sched), np.int64, n)
+        for i, s in enumerate(sched):
+            tables[i, : len(s.request.block_ids)] = s.request.block_ids
+    else:
+        ids = np.empty(int(cu[-1]), np.int64)
+        for i, s in enumerate(sched):
+            r = s.request
+            ids[cu[i] : cu[i + 1]] = r.all_token_ids[starts[i] : starts[i] + lens[i]]
+            tables[i, : len(r.block_ids)] = r.block_ids
+    seq_of_token = np.repeat(np.arange(n), lens)
+    positions = np.arange(int(cu[-1])) - cu[:-1][seq_of_token] + starts[seq_of_token]
+    slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return HostStep(
+        input_ids=ids.astype(np.int32),
+        positions=positions.astype(np.int32),
+        slot_mapping=slots.astype(np.int32),
+        query_start_loc=cu.astype(np.int32),
+        seq_lens=(starts + lens).astype(np.int32),
+        block_tables=tables,
+        max_query_len=int(lens.max()),
+    )
+
+
+class Staging:
+    """A pinned host buffer and a device buffer of int32: many arrays, one copy."""
+
+    def __init__(self, device: torch.device, capacity: int = 1 << 16) -> None:
+        self.device = device
+        self.pin = device.type == "cuda"
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        self.host = torch.empty(capacity, dtype=torch.int32, pin_memory=self.pin)
+        self.host_np = self.host.numpy()
+        self.dev = self.host if self.device.type == "cpu" else torch.empty(capacity, dtype=torch.int32, device=self.device)
+
+    def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        total = sum(a.size for a in arrays)
+        if total > self.host.numel():
+            self._alloc(max(total, 2 * self.host.numel()))
+        views, offset = [], 0
+        for a in arrays:
+            self.host_np[offset : offset + a.size] = a.ravel()
+            views.append((offset, a.shape))
+            offset += a.size
+        if self.dev is not self.host:
+            self.dev[:total].copy_(self.host[:total], non_blocking=True)
+        return [self.dev[o : o + int(np.prod(shape))].view(shape) for o, shape in views]
+
+
+def upload_step(step: HostStep, staging: Staging) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    ids, pos, slots, qsl, seq_lens, tables = staging.upload(
+        [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.block_tables]
+    )
+    meta = AttentionMetadata(
+        slot_mapping=slots,
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_tables=tables,
+        max_query_len=step.max_query_len,
+        max_seq_len=int(step.seq_lens.max()),
+        query_start_loc_cpu=step.query_start_loc.tolist(),
+        seq_lens_cpu=step.seq_lens.tolist(),
+    )
+    return ids, pos, meta
