@@ -26,6 +26,7 @@ class LLMEngine:
         self.tokenizer = self._load_tokenizer(config, model_path)
         self.core = EngineCore(config, model_path, model)
         self.groups: dict[str, _Group] = {}
+        self.num_generated_tokens = 0
         self._ids = itertools.count()
 
     @staticmethod
@@ -143,9 +144,11 @@ class LLMEngine:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step; returns an output for every request that produced a token or finished."""
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """One engine step; returns an output for every request that produced a token or finished
+        (only for finished ones with `final_only`, which spares copying every running output each step)."""
         got, _ = self.core.step()
+        self.num_generated_tokens += len(got)
         touched: dict[str, _Group] = {}
         for req in got:
             root = req.parent or req
@@ -156,9 +159,10 @@ class LLMEngine:
             touched[root.request_id] = group
         outputs = []
         for rid, group in touched.items():
-            out = group.output()
-            outputs.append(out)
-            if out.finished:
+            if final_only and not group.finished:
+                continue
+            outputs.append(group.output())
+            if group.finished:
                 del self.groups[rid]
         return outputs
 
@@ -212,15 +216,18 @@ class _Group:
             self.seqs.append(_Sequence(req, self.engine.detokenizer(req)))
         self.seqs[req.sample_index].on_token(self.engine)
 
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.root.params.n and all(seq.req.is_finished for seq in self.seqs)
+
     def output(self) -> RequestOutput:
         root = self.root
-        n = root.params.n
         return RequestOutput(
             request_id=root.request_id,
             prompt=root.prompt,
             prompt_token_ids=root.prompt_token_ids,
             outputs=[seq.output() for seq in self.seqs],
-            finished=len(self.seqs) == n and all(seq.req.is_finished for seq in self.seqs),
+            finished=self.finished,
             num_cached_tokens=root.num_cached_tokens,
             metrics=RequestMetrics(root.arrival_time, root.first_token_time),
         )

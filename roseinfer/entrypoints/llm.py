@@ -157,14 +157,18 @@ class LLM:
             except ValueError as e:
                 errors[i] = str(e)
         results: list[RequestOutput | None] = [None] * len(prompts)
-        total = sum(p.max_tokens for i, p in enumerate(params) if i not in errors)
+        total = sum(p.max_tokens * p.n for i, p in enumerate(params) if i not in errors)
         with tqdm(total=total, desc="generate", unit="tok", disable=not use_tqdm or not index) as bar:
             while engine.has_unfinished_requests():
-                for out in engine.step():
-                    bar.update(1)
-                    if out.finished and out.request_id in index:
-                        results[index[out.request_id]] = out
-                        bar.update(params[index[out.request_id]].max_tokens - len(out.outputs[0].token_ids))
+                before = engine.num_generated_tokens
+                for out in engine.step(final_only=True):
+                    i = index.get(out.request_id)
+                    if i is not None:
+                        results[i] = out
+                        # Requests that stop early: count their unused budget as done.
+                        unused = params[i].max_tokens * params[i].n - sum(len(c.token_ids) for c in out.outputs)
+                        bar.update(unused)
+                bar.update(engine.num_generated_tokens - before)
         if errors:
             raise InvalidRequestError(errors, results)
         return results  # type: ignore[return-value]

@@ -143,13 +143,17 @@ class Scheduler:
                 return cached[id(r)]
 
             self.waiting = deque(self.policy.order(list(self.waiting), hit, self.num_steps))
-        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+        # A static batch is formed whole: its members join now and prefill over the next steps.
+        form_batch = mode != "continuous"
+        while self.waiting and len(self.running) < max_seqs and (budget > 0 or form_batch):
             req = self.waiting[0]
             hit = self.kv.admit(req)
             num_new = req.num_tokens - req.num_computed_tokens
-            fits = num_new <= budget or self.config.enable_chunked_prefill
+            fits = num_new <= budget or self.config.enable_chunked_prefill or form_batch
             num_new = min(num_new, budget)
-            if not fits or not self.kv.allocate_slots(req, num_new):
+            if not fits or not self.kv.allocate_slots(req, num_new) or (
+                form_batch and not self._fits_whole(req)
+            ):
                 self.kv.free(req)
                 req.num_computed_tokens = 0
                 break
@@ -159,8 +163,14 @@ class Scheduler:
                 req.num_cached_tokens = req.num_computed_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(self._scheduled(req, num_new))
+            if num_new > 0:
+                out.scheduled.append(self._scheduled(req, num_new))
             budget -= num_new
+
+    def _fits_whole(self, req: Request) -> bool:
+        """Static batches admit a request only while the whole prompt still fits the free blocks."""
+        missing = self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
+        return missing <= self.kv.num_free_blocks
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:

@@ -1,0 +1,226 @@
+"""`roseinfer bench roofline`: decode and prefill step times as multiples of the hardware floor.
+
+The floor of a decode step is (weight bytes read + KV bytes read) / measured copy bandwidth; the floor
+of a prefill of N tokens is its matmul FLOPs (2 x linear params x N, plus causal attention) / measured
+bf16 matmul rate. Both ceilings are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+import numpy as np
+import torch
+
+from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, measure_matmul_tflops
+from roseinfer.config import ModelConfig
+from roseinfer.entrypoints.llm import LLM
+from roseinfer.models.layers import ForwardContext
+from roseinfer.runner.inputs import HostStep, upload_step
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-shape", default="qwen2.5-0.5b")
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--contexts", default="1024,4096")
+    parser.add_argument("--prefill-tokens", default="512,2048,8192")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--json", default=None)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def weight_bytes_per_decode(cfg: ModelConfig, elem: int) -> int:
+    """Bytes of weights a decode step must read: everything but the input embedding table of an untied model
+    (it reads only a few rows of that)."""
+    total = cfg.params_count()
+    if not cfg.tie_word_embeddings and cfg.model_type != "gpt2":
+        total -= cfg.vocab_size * cfg.hidden_size
+    return total * elem
+
+
+def prefill_flops(cfg: ModelConfig, n: int) -> float:
+    h, d = cfg.hidden_size, cfg.head_dim
+    linear = cfg.num_layers * (
+        h * d * (cfg.num_heads + 2 * cfg.num_kv_heads)
+        + cfg.num_heads * d * h
+        + (2 if cfg.model_type == "gpt2" else 3) * h * cfg.intermediate_size
+    )
+    attention = cfg.num_layers * cfg.num_heads * d * 2 * n * n  # QK^T and PV over the causal half
+    return 2.0 * linear * n + attention + 2.0 * cfg.vocab_size * h  # logits of the last token only
+
+
+def _time(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def decode_step(batch: int, context: int, block_size: int, vocab: int, rng: np.random.Generator) -> HostStep:
+    per_seq = -(-context // block_size)
+    tables = np.arange(batch * per_seq, dtype=np.int32).reshape(batch, per_seq)
+    pos = context - 1
+    slots = tables[:, pos // block_size] * block_size + pos % block_size
+    return HostStep(
+        input_ids=rng.integers(1000, min(vocab, 32000), batch).astype(np.int32),
+        positions=np.full(batch, pos, np.int32),
+        slot_mapping=slots.astype(np.int32),
+        query_start_loc=np.arange(batch + 1, dtype=np.int32),
+        seq_lens=np.full(batch, context, np.int32),
+        block_tables=tables,
+        max_query_len=1,
+    )
+
+
+def prefill_step(n: int, block_size: int, vocab: int, rng: np.random.Generator) -> HostStep:
+    blocks = -(-n // block_size)
+    return HostStep(
+        input_ids=rng.integers(1000, min(vocab, 32000), n).astype(np.int32),
+        positions=np.arange(n, dtype=np.int32),
+        slot_mapping=np.arange(n, dtype=np.int32),
+        query_start_loc=np.array([0, n], np.int32),
+        seq_lens=np.array([n], np.int32),
+        block_tables=np.arange(blocks, dtype=np.int32)[None],
+        max_query_len=n,
+    )
+
+
+@torch.inference_mode()
+def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device("cuda")
+    header = bench_header("roofline", args.model_shape, device=device)
+    print(format_header(header), flush=True)
+    bandwidth = measure_copy_bandwidth(device)
+    tflops = measure_matmul_tflops(device)
+    print(
+        f"# measured copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True
+    )
+    batches, contexts, prefills = _ints(args.batches), _ints(args.contexts), _ints(args.prefill_tokens)
+    max_len = max(max(contexts), max(prefills)) + args.block_size
+    llm = LLM(
+        args.model_shape,
+        load_format="dummy",
+        dtype=args.dtype,
+        block_size=args.block_size,
+        max_num_seqs=max(batches),
+        max_num_batched_tokens=max(prefills),
+        max_model_len=max_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=False,
+    )
+    core = llm.engine.core
+    runner, cfg = core.runner, core.runner.cfg
+    elem = torch.empty((), dtype=runner.dtype).element_size()
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+
+    def eager_logits(step: HostStep) -> torch.Tensor:
+        ids, pos, meta = upload_step(step, runner.staging)
+        hidden = runner.model(ids, pos, ForwardContext(runner.kv_cache, meta, runner.backend))
+        return runner.model.compute_logits(
+            hidden[-step.num_seqs :] if step.max_query_len == 1 else hidden[-1:]
+        )
+
+    for context in contexts:
+        for batch in batches:
+            step = decode_step(batch, context, args.block_size, cfg.vocab_size, rng)
+            if step.block_tables.size > core.num_blocks:
+                rows.append(
+                    {"kind": "decode", "batch": batch, "context": context, "skipped": "KV does not fit"}
+                )
+                continue
+            graphs = runner.graphs
+            use_graph = graphs is not None and graphs.can_run(step)
+            run_step = graphs.run if use_graph else eager_logits
+            seconds = _time(lambda run_step=run_step, step=step: run_step(step), args.iters)
+            floor_bytes = weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(
+                runner.dtype
+            )
+            floor = floor_bytes / bandwidth
+            rows.append(
+                {
+                    "kind": "decode",
+                    "batch": batch,
+                    "context": context,
+                    "graph": use_graph,
+                    "ms": seconds * 1e3,
+                    "floor_ms": floor * 1e3,
+                    "x_floor": seconds / floor,
+                    "achieved_TBps": floor_bytes / seconds / 1e12,
+                }
+            )
+            print(rows[-1], flush=True)
+    for n in prefills:
+        if -(-n // args.block_size) > core.num_blocks:
+            rows.append({"kind": "prefill", "tokens": n, "skipped": "KV does not fit"})
+            continue
+        step = prefill_step(n, args.block_size, cfg.vocab_size, rng)
+        seconds = _time(lambda step=step: eager_logits(step), max(5, args.iters // 5))
+        flops = prefill_flops(cfg, n)
+        floor = flops / (tflops * 1e12)
+        rows.append(
+            {
+                "kind": "prefill",
+                "tokens": n,
+                "ms": seconds * 1e3,
+                "floor_ms": floor * 1e3,
+                "x_floor": seconds / floor,
+                "achieved_TFLOPs": flops / seconds / 1e12,
+                "pct_matmul_rate": 100 * flops / seconds / 1e12 / tflops,
+            }
+        )
+        print(rows[-1], flush=True)
+    result = {"header": header, "bandwidth_TBps": bandwidth / 1e12, "matmul_TFLOPs": tflops, "rows": rows}
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"roofline {result['header']['model_shape']} on {result['header']['device']}"
+        f" (copy {result['bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)",
+        f"{'step':<24}{'ms':>10}{'floor ms':>10}{'x floor':>9}  note",
+    ]
+    for r in result["rows"]:
+        name = (
+            f"decode b={r['batch']} ctx={r['context']}" if r["kind"] == "decode" else f"prefill {r['tokens']}"
+        )
+        if "skipped" in r:
+            lines.append(f"{name:<24}{'-':>10}{'-':>10}{'-':>9}  {r['skipped']}")
+            continue
+        note = (
+            (f"{r['achieved_TBps']:.2f} TB/s" + (" graph" if r["graph"] else " eager"))
+            if r["kind"] == "decode"
+            else f"{r['achieved_TFLOPs']:.0f} TFLOP/s = {r['pct_matmul_rate']:.0f}% of matmul rate"
+        )
+        lines.append(f"{name:<24}{r['ms']:>10.3f}{r['floor_ms']:>10.3f}{r['x_floor']:>9.2f}  {note}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench roofline needs a CUDA GPU")
+    run_roofline(args)
+    return 0

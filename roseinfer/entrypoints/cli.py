@@ -1,0 +1,147 @@
+"""`roseinfer generate ...` and `roseinfer bench <name> ...`.
+
+Bench subcommands live in their own modules and are listed in `BENCH_COMMANDS` (name -> module, help).
+A bench module defines `add_arguments(parser)` and `run(args) -> int`; adding one is one line here, or a
+call to `register_bench_command` before `main` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+# name -> (module defining add_arguments(parser) and run(args) -> int, one-line help)
+BENCH_COMMANDS: dict[str, tuple[str, str]] = {
+    "roofline": (
+        "roseinfer.bench.roofline",
+        "decode and prefill step times as multiples of the hardware floor (GPU)",
+    ),
+    "throughput": (
+        "roseinfer.bench.throughput",
+        "offline throughput of a workload; naive/static/continuous; HF peer",
+    ),
+}
+
+
+def register_bench_command(name: str, module: str, help: str) -> None:
+    BENCH_COMMANDS[name] = (module, help)
+
+
+def _bench_module(name: str) -> ModuleType:
+    module = importlib.import_module(BENCH_COMMANDS[name][0])
+    for attr in ("add_arguments", "run"):
+        if not callable(getattr(module, attr, None)):
+            raise TypeError(f"bench module {module.__name__} must define {attr}()")
+    return module
+
+
+# -- generate --------------------------------------------------------------------------------------
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", ",").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers: {e}") from e
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="HF directory, hub id, config.json or built-in shape (default: tiny-llama, dummy weights)",
+    )
+    parser.add_argument("--load-format", default=None, choices=["auto", "dummy"])
+    parser.add_argument("--tokenizer", default=None)
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, help="prompt text (needs a tokenizer)")
+    prompt.add_argument("--prompt-ids", type=_parse_ids, default=None, help="comma-separated token ids")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=None)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from roseinfer.entrypoints.llm import LLM
+    from roseinfer.models.loader import DEFAULT_MODEL
+    from roseinfer.sampling_params import SamplingParams
+
+    model = args.model or DEFAULT_MODEL
+    load_format = args.load_format or ("auto" if args.model else "dummy")
+    llm = LLM(
+        model,
+        load_format=load_format,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+    )
+    if args.prompt is not None:
+        if llm.tokenizer is None:
+            raise SystemExit(f"error: {model!r} has no tokenizer; give --prompt-ids or --tokenizer")
+        prompt: str | list[int] = args.prompt
+    elif args.prompt_ids is not None:
+        prompt = args.prompt_ids
+    elif llm.tokenizer is not None:
+        prompt = "Hello, my name is"
+    else:
+        prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+    )
+    out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    if llm.tokenizer is not None:
+        print(out.text)
+    else:
+        print(",".join(str(t) for t in out.token_ids))
+    return 0
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roseinfer", description="roseinfer: LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one prompt")
+    add_generate_arguments(gen)
+    gen.set_defaults(func=run_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks (WORKLOADS.md)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for name, (_, help_text) in BENCH_COMMANDS.items():
+        module = _bench_module(name)
+        p = bench_sub.add_parser(name, help=help_text)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = ["roseinfer", *argv]  # the command line as the user typed it, for bench headers
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
