@@ -1,4 +1,10 @@
-"""Profiler ranges for every engine stage (torch profiler `record_function`, plus NVTX when enabled)."""
+"""Profiler ranges for every engine stage (torch profiler `record_function`, plus NVTX when enabled).
+
+`record(name)` marks a stage ("schedule", "prepare_inputs", "forward", "sample", "update", "copy_blocks",
+"kv_write"); `profile_to(path)` collects a torch profiler trace around a block and writes it as a
+Chrome/Perfetto JSON file, which `roseinfer trace-sql TRACE "SELECT ..."` (roseinfer/trace_sql.py) queries.
+NVTX ranges (for Nsight Systems) are on when ROSEINFER_NVTX=1 or after `enable_nvtx(True)`.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,31 @@ import torch
 NVTX = os.environ.get("ROSEINFER_NVTX", "0") == "1"
 
 
+def enable_nvtx(flag: bool = True) -> bool:
+    """Turns NVTX push/pop in `record` on or off (they still need CUDA); returns the previous setting."""
+    global NVTX
+    previous = NVTX
+    NVTX = bool(flag)
+    return previous
+
+
+def nvtx_enabled() -> bool:
+    return NVTX
+
+
+_NULL = contextlib.nullcontext()
+
+
+def record(name: str) -> contextlib.AbstractContextManager[None]:
+    """A named range; free (a shared null context) unless a profiler runs or NVTX is on, since the
+    engine enters these on its hot path (every step, and `kv_write` in every layer)."""
+    if NVTX or torch._C._autograd._profiler_enabled():
+        return _range(name)
+    return _NULL
+
+
 @contextlib.contextmanager
-def record(name: str) -> Iterator[None]:
+def _range(name: str) -> Iterator[None]:
     nvtx = NVTX and torch.cuda.is_available()
     if nvtx:
         torch.cuda.nvtx.range_push(name)
@@ -22,3 +51,33 @@ def record(name: str) -> Iterator[None]:
     finally:
         if nvtx:
             torch.cuda.nvtx.range_pop()
+
+
+def profiler_activities() -> list[torch.profiler.ProfilerActivity]:
+    """CPU, plus CUDA when a GPU is there."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
+@contextlib.contextmanager
+def profile_to(path: str | os.PathLike[str] | None) -> Iterator[torch.profiler.profile | None]:
+    """Profiles the block and writes a Chrome/Perfetto JSON trace to `path` when it exits normally.
+
+    `path=None` does nothing (yields None), so callers can write `with profile_to(args.profile):`.
+    A path ending in ".gz" is written gzipped. The parent directory is created; the path is printed.
+    """
+    if path is None:
+        yield None
+        return
+    out = os.fspath(path)
+    parent = os.path.dirname(out)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with torch.profiler.profile(
+        activities=profiler_activities(), record_shapes=False, with_stack=False
+    ) as prof:
+        yield prof
+    prof.export_chrome_trace(out)
+    print(f'[profile] wrote: {out}  (query it: roseinfer trace-sql {out} "SELECT ...")')

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.profiling import record
 
 
 def write_kv(
@@ -42,7 +43,8 @@ class TorchAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        with record("kv_write"):
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.zeros_like(q)
         group = q.shape[1] // k_cache.shape[2]
         starts = meta.query_start_loc_cpu

@@ -29,6 +29,7 @@ from roseinfer.config import SCHEDULER_MODES, ModelConfig
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.models.loader import DEFAULT_MODEL
+from roseinfer.profiling import profile_to
 
 CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
 
@@ -105,9 +106,8 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
     t_added = time.perf_counter()
     completion = 0
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                completion += len(out.outputs[0].token_ids)
+        for out in engine.step(final_only=True):
+            completion += sum(len(c.token_ids) for c in out.outputs)
     _sync(device)
     total = time.perf_counter() - t0
     if completion != workload.num_output_tokens:
@@ -436,6 +436,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring the device limits")
+    parser.add_argument("--profile", default=None, metavar="PATH", help="torch profiler trace of the timed run(s)")
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-num-seqs", type=int, default=None)
     engine.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -495,7 +496,9 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         shared_model = engine.core.runner.model
         max_num_seqs = max(max_num_seqs, 1 if mode == "naive" else config.scheduler.max_num_seqs)
         run_engine(engine, warmup, f"{mode} (warm-up)")
-        result = run_engine(engine, workload, mode)
+        trace = f"{args.profile.removesuffix('.json')}.{mode}.json" if args.profile else None
+        with profile_to(trace):
+            result = run_engine(engine, workload, mode)
         results.append(result)
         print(result.report(), flush=True)
         del engine

@@ -59,6 +59,10 @@ class EngineCore:
 
     def step(self) -> tuple[list[Request], list[Request]]:
         """Runs one step; returns (requests that got a token, requests that finished in it)."""
+        with record("step"):
+            return self._step()
+
+    def _step(self) -> tuple[list[Request], list[Request]]:
         t0 = time.perf_counter()
         with record("schedule"):
             out = self.scheduler.schedule()

@@ -15,6 +15,10 @@ from types import ModuleType
 
 # name -> (module defining add_arguments(parser) and run(args) -> int, one-line help)
 BENCH_COMMANDS: dict[str, tuple[str, str]] = {
+    "kernels": (
+        "roseinfer.bench.kernels",
+        "decode/prefill attention kernels vs bandwidth and SDPA flash (GPU)",
+    ),
     "roofline": (
         "roseinfer.bench.roofline",
         "decode and prefill step times as multiples of the hardware floor (GPU)",
@@ -125,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete one prompt")
     add_generate_arguments(gen)
     gen.set_defaults(func=run_generate)
+
+    from roseinfer.trace_sql import add_trace_sql_parser
+
+    add_trace_sql_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (WORKLOADS.md)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

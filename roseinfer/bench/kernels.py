@@ -1,0 +1,228 @@
+"""Micro-benchmarks of the attention kernels (GPU only).
+
+Decode: batch 64 at 4k context, bf16, block size 16, for a Qwen2.5-0.5B-like (14 q / 2 kv heads, D=64) and
+a Llama-3.1-8B-like (32 q / 8 kv heads, D=128) layer. The figure of merit is the K/V read bandwidth
+(bytes of K and V read / time) against the device-to-device copy bandwidth measured in the same run
+(bytes read + written / time). Decode is timed as CUDA-graph replays (`ms`, how the engine runs it);
+`ms_eager` is the plain Python call, launch overhead included.
+
+Prefill: 4 sequences x 2k tokens, 32 q / 8 kv heads, D=128, bf16, causal, against torch SDPA restricted to
+its flash backend on the same (contiguous) inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+DECODE_MODELS = (
+    ("qwen2.5-0.5b", 14, 2, 64),
+    ("llama-3.1-8b", 32, 8, 128),
+)
+
+
+def _median_ms(fn: Any) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _graph_median_ms(fn: Any) -> float:
+    """Median time of `fn` captured in a CUDA graph and replayed: GPU time without Python launch overhead,
+    as the engine runs decode."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _median_ms(graph.replay)
+
+
+def _copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> tuple[float, float]:
+    """(GB/s counting bytes read + written, ms) of one large device-to-device copy."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3) / 1e9, ms
+
+
+def _paged_cache(
+    batch: int,
+    ctx: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-layer block-major cache holding `batch` sequences of `ctx` tokens in shuffled blocks."""
+    device = gen.device
+    blocks_per_seq = math.ceil(ctx / block_size)
+    num_blocks = batch * blocks_per_seq
+    kv = torch.empty((num_blocks, 1, 2, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+    kv.normal_(generator=gen)
+    perm = torch.randperm(num_blocks, generator=gen, device=device)
+    block_tables = perm.view(batch, blocks_per_seq).to(torch.int32)
+    return kv, kv[:, 0, 0], kv[:, 0, 1], block_tables
+
+
+def _bench_decode(
+    name: str, num_heads: int, num_kv_heads: int, head_dim: int, copy_gbs: float, gen: torch.Generator
+) -> dict[str, Any]:
+    from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+
+    batch, ctx, block_size, dtype = 64, 4096, 16, torch.bfloat16
+    device = gen.device
+    _, k_cache, v_cache, block_tables = _paged_cache(
+        batch, ctx, block_size, num_kv_heads, head_dim, dtype, gen
+    )
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    q = torch.empty((batch, num_heads, head_dim), dtype=dtype, device=device).normal_(generator=gen)
+    out = torch.empty_like(q)
+    splits = choose_num_splits(batch, num_kv_heads, ctx, device)
+    scale = head_dim**-0.5
+
+    def step() -> None:
+        paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=splits)
+
+    ms = _graph_median_ms(step)
+    ms_eager = _median_ms(step)
+    kv_bytes = 2 * batch * ctx * num_kv_heads * head_dim * dtype.itemsize
+    gbs = kv_bytes / (ms * 1e-3) / 1e9
+    return {
+        "kernel": "paged_decode",
+        "model": name,
+        "shape": f"B={batch} ctx={ctx} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} splits={splits}",
+        "ms": ms,
+        "ms_eager": ms_eager,
+        "kv_read_gbs": gbs,
+        "copy_gbs": copy_gbs,
+        "pct_of_copy": 100.0 * gbs / copy_gbs,
+    }
+
+
+def _bench_prefill(gen: torch.Generator) -> list[dict[str, Any]]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from roseinfer.kernels.kv_store import store_kv
+    from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
+
+    num_seqs, seq_len, num_heads, num_kv_heads, head_dim, block_size = 4, 2048, 32, 8, 128, 16
+    dtype, device = torch.bfloat16, gen.device
+    tokens = num_seqs * seq_len
+    q = torch.empty((tokens, num_heads, head_dim), dtype=dtype, device=device).normal_(generator=gen)
+    k = torch.empty((tokens, num_kv_heads, head_dim), dtype=dtype, device=device).normal_(generator=gen)
+    v = torch.empty_like(k).normal_(generator=gen)
+    scale = head_dim**-0.5
+
+    # Ours: K/V stored in a paged cache through (shuffled) block tables.
+    _, k_cache, v_cache, block_tables = _paged_cache(
+        num_seqs, seq_len, block_size, num_kv_heads, head_dim, dtype, gen
+    )
+    pos = torch.arange(seq_len, device=device)
+    slots = (block_tables.long()[:, pos // block_size] * block_size + pos % block_size).reshape(-1)
+    store_kv(k, v, k_cache, v_cache, slots)
+    query_start_loc = torch.arange(0, tokens + 1, seq_len, dtype=torch.int32, device=device)
+    seq_lens = torch.full((num_seqs,), seq_len, dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+
+    def ours() -> None:
+        paged_prefill_attention(
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, seq_len, scale, out=out
+        )
+
+    # SDPA flash on [B, H, S, D]; K/V expanded to all query heads ahead of time (not timed).
+    qs = q.view(num_seqs, seq_len, num_heads, head_dim).transpose(1, 2)
+    group = num_heads // num_kv_heads
+    ks = k.view(num_seqs, seq_len, num_kv_heads, head_dim).repeat_interleave(group, 2).transpose(1, 2)
+    vs = v.view(num_seqs, seq_len, num_kv_heads, head_dim).repeat_interleave(group, 2).transpose(1, 2)
+    ref: dict[str, torch.Tensor] = {}
+
+    def sdpa() -> None:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            ref["out"] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+
+    ours()
+    sdpa()
+    torch.cuda.synchronize()
+    ref_out = ref["out"].transpose(1, 2).reshape(tokens, num_heads, head_dim)
+    max_err = (out.float() - ref_out.float()).abs().max().item()
+    flops = 4 * num_seqs * num_heads * head_dim * seq_len * (seq_len + 1) / 2  # causal QK^T and PV
+    shape = f"{num_seqs}x{seq_len} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} causal"
+    rows = []
+    ms_sdpa = _median_ms(sdpa)
+    ms_ours = _median_ms(ours)
+    for kernel, ms in (("paged_prefill", ms_ours), ("sdpa_flash", ms_sdpa)):
+        rows.append(
+            {
+                "kernel": kernel,
+                "model": "llama-3.1-8b",
+                "shape": shape + (f" bs={block_size}" if kernel == "paged_prefill" else ""),
+                "ms": ms,
+                "tflops": flops / (ms * 1e-3) / 1e12,
+                "vs_sdpa": ms_sdpa / ms,
+                "max_abs_err_vs_sdpa": max_err,
+            }
+        )
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    table = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in table)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in table:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+
+
+def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]]:
+    """Time decode and prefill attention on the current CUDA device; returns one dict per row."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("run_kernel_bench needs a CUDA GPU")
+    device = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=device).manual_seed(seed)
+    copy_gbs, copy_ms = _copy_bandwidth_gbs(device)
+    rows: list[dict[str, Any]] = [
+        {
+            "kernel": "d2d_copy",
+            "model": "-",
+            "shape": "1 GiB bf16, bytes read + written",
+            "ms": copy_ms,
+            "copy_gbs": copy_gbs,
+        }
+    ]
+    for name, num_heads, num_kv_heads, head_dim in DECODE_MODELS:
+        rows.append(_bench_decode(name, num_heads, num_kv_heads, head_dim, copy_gbs, gen))
+        torch.cuda.empty_cache()
+    rows += _bench_prefill(gen)
+    if verbose:
+        print(f"device: {torch.cuda.get_device_name(device)}")
+        print_rows(rows)
+    return rows
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: Any) -> int:
+    from roseinfer.bench.env import bench_header, format_header
+
+    print(format_header(bench_header("kernels", "attention layers of qwen2.5-0.5b and llama-3.1-8b")))
+    run_kernel_bench(args.seed)
+    return 0
