@@ -105,6 +105,13 @@ class KVCacheManager:
         bs = self.block_size
         start, end = req.num_computed_tokens, req.num_computed_tokens + num_new_tokens
         table = req.block_ids
+        if (
+            end <= len(table) * bs
+            and start % bs
+            and not self._must_copy(table[start // bs])
+            and end - start <= bs - start % bs
+        ):
+            return True  # the common decode step: one more slot in a private, already allocated block
         first, last = start // bs, min(len(table), cdiv(end, bs))
         cow = [i for i in range(first, last) if self._must_copy(table[i])]
         need = max(0, self.blocks_for(end) - len(table))

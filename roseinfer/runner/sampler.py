@@ -13,11 +13,11 @@ from roseinfer.sampling_params import SamplingParams
 class SamplingBatch:
     """Per-row sampling settings as tensors, built once per step for the rows that sample."""
 
-    temperature: torch.Tensor  # [N] float32, 1.0 for greedy rows (unused there)
+    temperature: torch.Tensor | None  # [N] float32, 1.0 for greedy rows (unused there); None if all greedy
     top_k: torch.Tensor | None  # [N] int64, vocab size where disabled; None if no row uses it
     top_p: torch.Tensor | None  # [N] float32
     min_p: torch.Tensor | None  # [N] float32
-    greedy: torch.Tensor  # [N] bool
+    greedy: torch.Tensor | None  # [N] bool; None if all greedy
     all_greedy: bool
     generators: list[torch.Generator | None]  # per row: the request's own generator if seeded
 
@@ -30,6 +30,8 @@ class SamplingBatch:
     ) -> SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
+        if all_greedy:  # nothing to move to the device: sample() takes the argmax
+            return SamplingBatch(None, None, None, None, None, True, generators)
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)

@@ -1,0 +1,89 @@
+"""Small host-side helpers shared by the Triton kernels."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def is_interpret() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _install_interpreter_index_fix() -> None:
+    """Let the Triton interpreter use loaded scalars as `range` bounds under numpy >= 2.4.
+
+    The interpreter holds scalars as 1-element arrays and converts them with `int(array)`, which numpy 2.4
+    rejects (triton-lang/triton#9171, fixed after Triton 3.6). Only the interpreter is touched, and only in
+    interpret mode.
+    """
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_roseinfer_index_fix", False):
+        return
+
+    def patched(tensor, scope):  # type: ignore[no-untyped-def]
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._roseinfer_index_fix = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+if is_interpret():
+    _install_interpreter_index_fix()
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (a small stand-in on CPU, where any value is correct)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_sm_count(index)
+    return 4
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` input precision: full fp32 for fp32 inputs (Triton would use tf32), native otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Operand type for `tl.dot`: the tensors' own, except bf16 under the interpreter (its bf16 dot is
+    wrong: it multiplies the raw bits), where operands are rounded to bf16 first and multiplied in fp32."""
+    if dtype not in _TL_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype}")
+    if dtype == torch.bfloat16 and is_interpret():
+        return tl.float32
+    return _TL_DTYPES[dtype]
+
+
+def check_paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    """Validate a layer's cache views; returns (block_size, num_kv_heads, head_dim)."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k_cache/v_cache must be [num_blocks, block_size, num_kv_heads, head_dim] of one shape, "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache/v_cache last dim must be contiguous")
+    block_size = k_cache.shape[1]
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    return block_size, k_cache.shape[2], k_cache.shape[3]

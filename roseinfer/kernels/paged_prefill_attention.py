@@ -1,0 +1,334 @@
+"""Paged prefill attention: causal attention of each sequence's chunk of new tokens over its whole context.
+
+The new tokens' K/V are already in the cache (written by `store_kv`), so the cached prefix and the chunk
+are both read through the block table. Program (q_tile, head, seq) takes BLOCK_M query rows of one
+sequence and one query head and runs a flash-attention online softmax over BLOCK_N-key tiles: first the
+tiles every row of the q tile sees in full (no mask), then the diagonal tiles with the causal mask.
+Query row j of sequence i sits at position `seq_lens[i] - q_len_i + j` and sees keys at positions <= it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from roseinfer.kernels._common import LOG2E, check_paged_cache, dot_dtype, dot_precision, is_interpret
+from roseinfer.kernels.paged_decode_attention import gather_sequence_kv
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    n0,
+    n_end,
+    q_pos,
+    bt_row,
+    k_base,
+    v_base,
+    d,
+    d_mask,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    qk_scale,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """One online-softmax step over keys n0..n0+BLOCK_N (< n_end); CAUSAL masks keys after each row's position."""
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = n < n_end
+    blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    offs = n % BLOCK_SIZE
+    k_ptrs = k_base + (blks * stride_kb + offs * stride_ks)[:, None] + d[None, :]
+    v_ptrs = v_base + (blks * stride_vb + offs * stride_vs)[:, None] + d[None, :]
+    if CAUSAL:
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    else:
+        k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+    s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+    if CAUSAL:
+        # Every row sees the tile's first key or an earlier one, so no row's running max stays -inf.
+        s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(
+        p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
+    )
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_btb,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = head // GROUP
+
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix = seq_len - q_len  # context tokens cached before this chunk
+    m0 = m_block * BLOCK_M
+    active = m0 < q_len
+
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_mask = rows < q_len
+    d = tl.arange(0, D_PAD)
+    d_mask = d < HEAD_DIM
+    tok = (q_start + rows).to(tl.int64)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head * stride_qh + d[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    q_pos = prefix + rows
+
+    # Keys at positions <= prefix + m0 are visible to every row of the tile; whole tiles of them need no mask.
+    full_end = tl.where(active, ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N, 0)
+    kv_end = tl.where(active, prefix + tl.minimum(m0 + BLOCK_M, q_len), 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_btb
+    k_base = k_cache_ptr + kvh * stride_kh
+    v_base = v_cache_ptr + kvh * stride_vh
+    # Unmasked tiles (every row sees every key), then the diagonal tiles with the causal mask.
+    for n0 in range(0, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            n0,
+            full_end,
+            q_pos,
+            bt_row,
+            k_base,
+            v_base,
+            d,
+            d_mask,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            qk_scale,
+            BLOCK_SIZE,
+            BLOCK_N,
+            False,
+            EVEN_D,
+            PRECISION,
+            DOT_DTYPE,
+        )
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q,
+            m_i,
+            l_i,
+            acc,
+            n0,
+            kv_end,
+            q_pos,
+            bt_row,
+            k_base,
+            v_base,
+            d,
+            d_mask,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            qk_scale,
+            BLOCK_SIZE,
+            BLOCK_N,
+            True,
+            EVEN_D,
+            PRECISION,
+            DOT_DTYPE,
+        )
+
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & d_mask[None, :],
+    )
+
+
+def _prefill_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    if is_interpret():
+        return 16, 16, 4, 1
+    if dtype == torch.float32:
+        return 64, 32, 4, 2
+    # Swept on H100 (bf16, 4 x 2k tokens, block size 16): ~250 TFLOP/s at D=64, ~305 at D=128.
+    if head_dim_pad <= 64:
+        return 64, 64, 4, 2
+    if head_dim_pad <= 128:
+        return 128, 32, 8, 2
+    return 64, 32, 8, 2
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32, context length including the new tokens
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of every sequence's new tokens over its cached context plus themselves; [T, Hq, D].
+
+    Rows of `q` outside `query_start_loc[0]:query_start_loc[-1]` are not written. `block_m`/`block_n`
+    override the tile shape (powers of two >= 16).
+    """
+    block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
+    num_tokens, num_q_heads, q_dim = q.shape
+    if q_dim != head_dim:
+        raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    num_seqs = query_start_loc.shape[0] - 1
+    if seq_lens.shape[0] < num_seqs or block_tables.shape[0] < num_seqs:
+        raise ValueError("seq_lens/block_tables have fewer rows than query_start_loc describes")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
+    if num_tokens == 0 or num_seqs <= 0 or max_query_len <= 0:
+        return out
+
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(d_pad, q.dtype)
+    block_m = block_m or cfg_m
+    block_n = block_n or cfg_n
+    # Short chunks (mixed batches of decodes and small prefills) waste most of a big q tile.
+    block_m = max(16, min(block_m, triton.next_power_of_2(max_query_len)))
+    grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        D_PAD=d_pad,
+        EVEN_D=d_pad == head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        PRECISION=dot_precision(q.dtype),
+        DOT_DTYPE=dot_dtype(q.dtype),
+        num_warps=num_warps if block_m >= 64 else 4,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Plain torch: per sequence, gather its context through the block table, causal softmax in fp32.
+
+    Rows outside every sequence are left zero.
+    """
+    del max_query_len
+    num_q_heads = q.shape[1]
+    group = num_q_heads // k_cache.shape[2]
+    out = torch.zeros_like(q)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for i in range(len(starts) - 1):
+        s0, s1, n = int(starts[i]), int(starts[i + 1]), int(lens[i])
+        q_len = s1 - s0
+        if q_len == 0:
+            continue
+        k, v = gather_sequence_kv(k_cache, v_cache, block_tables[i], n)
+        k = k.float().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = v.float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,nhd->hqn", q[s0:s1].float(), k) * scale
+        q_pos = torch.arange(n - q_len, n, device=q.device)
+        k_pos = torch.arange(n, device=q.device)
+        scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[s0:s1] = torch.einsum("hqn,nhd->qhd", probs, v).to(q.dtype)
+    return out

@@ -1,0 +1,149 @@
+"""paged_decode_attention against the plain-torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
+    choose_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
+
+
+def _run(
+    seq_lens: list[int],
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    num_splits: int | None,
+    seed_tag: str,
+) -> None:
+    gen = generator(
+        "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits
+    )
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    q = randn((len(seq_lens), num_heads, head_dim), dtype, gen)
+    scale = head_dim**-0.5
+    out = torch.full_like(q, float("nan"))
+    res = paged_decode_attention(
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        cache.seq_lens,
+        scale,
+        out=out,
+        num_splits=num_splits,
+    )
+    assert res.data_ptr() == out.data_ptr()
+    ref = paged_decode_attention_ref(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, scale
+    )
+    assert_close(out, ref, dtype)
+
+
+# Lengths: 1, odd, exactly at and one past block boundaries, and across several 32-key tiles.
+@pytest.mark.parametrize(
+    ("block_size", "seq_lens"),
+    [
+        (1, [1, 7, 33]),
+        (16, [16, 17, 1, 45]),
+        (64, [64, 65, 3]),
+    ],
+    ids=["bs1", "bs16", "bs64"],
+)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads"),
+    [(2, 2), (4, 2), (14, 2), (4, 1)],
+    ids=["mha", "gqa2", "gqa7", "mqa"],
+)
+def test_decode_shapes(block_size: int, seq_lens: list[int], num_heads: int, num_kv_heads: int) -> None:
+    _run(seq_lens, block_size, num_heads, num_kv_heads, 64, torch.float32, None, "shapes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("head_dim", [64, 128, 32])
+def test_decode_dtypes_head_dims(dtype: torch.dtype, head_dim: int) -> None:
+    _run([5, 40], 16, 6, 2, head_dim, dtype, 2, "dtypes")
+
+
+def test_decode_non_pow2_head_dim() -> None:
+    _run([9, 33], 16, 4, 2, 80, torch.float16, 1, "hd80")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 5, 16])
+def test_decode_splits(num_splits: int) -> None:
+    # 16 splits of sequences this short leaves most splits empty; all must merge to the same result.
+    _run([1, 70, 130, 32], 16, 4, 2, 64, torch.float32, num_splits, "splits")
+
+
+def test_decode_zero_length_sequence_gives_zeros() -> None:
+    gen = generator("decode-zero")
+    cache = make_paged_cache([0, 20], 16, 2, 64, torch.float32, gen)
+    q = randn((2, 4, 64), torch.float32, gen)
+    for splits in (1, 3):
+        out = paged_decode_attention(
+            q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, num_splits=splits
+        )
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        ref = paged_decode_attention_ref(
+            q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125
+        )
+        assert_close(out, ref, torch.float32)
+
+
+def test_decode_strided_query() -> None:
+    """q as a view into a fused qkv buffer (row stride larger than heads * head_dim)."""
+    gen = generator("decode-strided")
+    cache = make_paged_cache([17, 3], 16, 2, 64, torch.bfloat16, gen)
+    qkv = randn((2, (4 + 2 * 2) * 64), torch.bfloat16, gen)
+    q = qkv[:, : 4 * 64].view(2, 4, 64)
+    out = paged_decode_attention(q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125)
+    ref = paged_decode_attention_ref(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125
+    )
+    assert_close(out, ref, torch.bfloat16)
+
+
+def test_choose_num_splits() -> None:
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    assert choose_num_splits(4096, 8, 4096, dev) == 1  # the batch alone fills the GPU
+    assert choose_num_splits(1, 1, 100, dev) == 1  # too short to split
+    few = choose_num_splits(1, 2, 32768, dev)
+    assert few > 1
+    assert choose_num_splits(1, 2, 32768, dev) >= choose_num_splits(8, 2, 32768, dev)
+
+
+# ---------------------------------------------------------------- GPU (compiled) at real sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"),
+    [(14, 2, 64), (32, 8, 128), (32, 32, 128), (16, 1, 128), (28, 4, 128)],
+    ids=["qwen0.5b", "llama8b", "mha", "mqa", "gqa7"],
+)
+@pytest.mark.parametrize("block_size", [16, 64, 1])
+def test_decode_gpu(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    gen = generator("decode-gpu", dtype, num_heads, num_kv_heads, head_dim, block_size)
+    lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, block_size, block_size + 1, 4096]
+    for splits in (None, 1, 7):
+        _run(lens, block_size, num_heads, num_kv_heads, head_dim, dtype, splits, f"gpu{splits}")
+
+
+@pytest.mark.gpu
+def test_decode_gpu_few_long_sequences_split() -> None:
+    """Two 32k-token sequences: the automatic split count must be > 1 and match the reference."""
+    lens = [32768, 30001]
+    assert choose_num_splits(2, 8, 32768, DEVICE) > 1
+    _run(lens, 16, 32, 8, 128, torch.bfloat16, None, "long")

@@ -1,0 +1,174 @@
+"""TritonAttentionBackend.forward against a tiny direct torch computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from roseinfer.attention.backend import get_backend  # noqa: E402
+from roseinfer.attention.metadata import AttentionMetadata  # noqa: E402
+from roseinfer.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from tests.kernels.kernel_utils import DEVICE, TOL, generator, randn  # noqa: E402
+
+
+class _Batch:
+    """Sequences with cached prefixes and new tokens, laid into a paged cache, plus the dense truth."""
+
+    def __init__(
+        self,
+        prefix_lens: list[int],
+        q_lens: list[int],
+        num_pad: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        gen: torch.Generator,
+        num_blocks: int | None = None,
+        max_blocks: int | None = None,
+    ) -> None:
+        self.dtype = dtype
+        num_layers, layer = 2, 0
+        seq_lens = [p + n for p, n in zip(prefix_lens, q_lens, strict=True)]
+        blocks_needed = [(n + block_size - 1) // block_size for n in seq_lens]
+        num_blocks = num_blocks or sum(blocks_needed) + 2
+        self.kv = torch.zeros((num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim), dtype=dtype)
+        self.kv = self.kv.to(DEVICE)
+        self.k_cache, self.v_cache = self.kv[:, layer, 0], self.kv[:, layer, 1]
+        perm = torch.randperm(num_blocks, generator=gen).tolist()
+        max_blocks = max_blocks or max(blocks_needed) + 1
+        tables = torch.zeros((len(seq_lens), max_blocks), dtype=torch.int32)
+        self.full_k: list[torch.Tensor] = []  # dense [seq_len, Hkv, D] per sequence
+        self.full_v: list[torch.Tensor] = []
+        slots: list[int] = []
+        for i, (p, n) in enumerate(zip(prefix_lens, q_lens, strict=True)):
+            blocks = [perm.pop() for _ in range(blocks_needed[i])]
+            tables[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+            k = randn((p + n, num_kv_heads, head_dim), dtype, gen)
+            v = randn((p + n, num_kv_heads, head_dim), dtype, gen)
+            self.full_k.append(k)
+            self.full_v.append(v)
+            for t in range(p + n):
+                blk, off = blocks[t // block_size], t % block_size
+                if t < p:  # cached prefix: already in the cache
+                    self.k_cache[blk, off] = k[t]
+                    self.v_cache[blk, off] = v[t]
+                else:  # new token: the backend stores it
+                    slots.append(blk * block_size + off)
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        num_tokens = starts[-1] + num_pad
+        self.num_real = starts[-1]
+        self.q = randn((num_tokens, num_heads, head_dim), dtype, gen)
+        pad_k = randn((num_pad, num_kv_heads, head_dim), dtype, gen)
+        self.k_new = torch.cat([k[p:] for k, p in zip(self.full_k, prefix_lens, strict=True)] + [pad_k])
+        self.v_new = torch.cat([v[p:] for v, p in zip(self.full_v, prefix_lens, strict=True)] + [pad_k])
+        slots += [-1] * num_pad
+        self.scale = head_dim**-0.5
+        self.prefix_lens, self.q_lens, self.starts = prefix_lens, q_lens, starts
+        self.meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+            block_tables=tables.to(DEVICE),
+            max_query_len=max(q_lens),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=starts,
+            seq_lens_cpu=seq_lens,
+        )
+
+    def expected(self) -> torch.Tensor:
+        """Causal softmax attention per sequence, fp32, on the dense K/V (GQA by repeating kv heads)."""
+        group = self.q.shape[1] // self.full_k[0].shape[1]
+        outs = []
+        for i, (p, n) in enumerate(zip(self.prefix_lens, self.q_lens, strict=True)):
+            q = self.q[self.starts[i] : self.starts[i + 1]].float()
+            k = self.full_k[i].float().repeat_interleave(group, 1)
+            v = self.full_v[i].float().repeat_interleave(group, 1)
+            scores = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+            causal = (
+                torch.arange(p + n, device=DEVICE)[None, :] > torch.arange(p, p + n, device=DEVICE)[:, None]
+            )
+            scores = scores.masked_fill(causal, float("-inf"))
+            outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v))
+        return torch.cat(outs)
+
+    def run(self) -> torch.Tensor:
+        backend = get_backend("triton")
+        assert isinstance(backend, TritonAttentionBackend) and backend.name == "triton"
+        before = self.kv.clone()
+        out = backend.forward(
+            self.q, self.k_new, self.v_new, self.k_cache, self.v_cache, self.meta, self.scale
+        )
+        assert out.shape == self.q.shape and out.dtype == self.q.dtype
+        atol, rtol = TOL[self.dtype]
+        torch.testing.assert_close(out[: self.num_real].float(), self.expected(), atol=atol, rtol=rtol)
+        assert not torch.isnan(out).any()
+        # The new K/V landed in the cache; padding rows (slot -1) wrote nothing else.
+        changed = (self.kv != before).any(dim=(1, 2, 4, 5)).sum().item()  # (block, offset) pairs changed
+        assert changed <= sum(self.q_lens)
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_backend_mixed_batch(dtype: torch.dtype) -> None:
+    # A decode (prefix 20), a chunk after a cached prefix, and a fresh prefill, in one step.
+    gen = generator("backend-mixed", dtype)
+    batch = _Batch([20, 7, 0], [1, 5, 9], 0, 4, 2, 32, 16, dtype, gen)
+    assert not batch.meta.is_decode_only
+    batch.run()
+
+
+def test_backend_decode_only_with_padding_row() -> None:
+    gen = generator("backend-decode")
+    batch = _Batch([20, 16, 0], [1, 1, 1], 2, 6, 2, 32, 16, torch.float32, gen)
+    assert batch.meta.is_decode_only
+    # Padding rows have no sequence: give the metadata one zero-length "sequence" per padding row.
+    m = batch.meta
+    m.seq_lens = torch.cat([m.seq_lens, torch.zeros(2, dtype=torch.int32, device=DEVICE)])
+    m.block_tables = torch.cat([m.block_tables, torch.zeros_like(m.block_tables[:2])])
+    m.query_start_loc = torch.arange(6, dtype=torch.int32, device=DEVICE)
+    m.query_start_loc_cpu = list(range(6))
+    m.seq_lens_cpu = m.seq_lens_cpu + [0, 0]
+    out = batch.run()
+    assert torch.equal(out[3:], torch.zeros_like(out[3:]))
+
+
+@pytest.mark.gpu
+def test_backend_decode_cuda_graph() -> None:
+    """Capture decode in a CUDA graph, then replay it with other lengths, slots, tables and queries."""
+    gen = generator("backend-graph")
+    shape = dict(num_pad=0, num_heads=14, num_kv_heads=2, head_dim=64, block_size=16, dtype=torch.bfloat16)
+    cap = dict(num_blocks=1100, max_blocks=257)
+    first = _Batch([100, 3000, 17, 1], [1, 1, 1, 1], gen=gen, **shape, **cap)  # type: ignore[arg-type]
+    meta = first.meta
+    meta.max_seq_len = 4096  # capture for the longest context the graph must serve
+    backend = get_backend("triton")
+    static_q, static_k, static_v = first.q.clone(), first.k_new.clone(), first.v_new.clone()
+    args = (first.k_cache, first.v_cache, meta, first.scale)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            backend.forward(static_q, static_k, static_v, *args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = backend.forward(static_q, static_k, static_v, *args)
+
+    # The next step: same shapes, new lengths and contents, written into the captured tensors.
+    second = _Batch([2047, 5, 4094, 64], [1, 1, 1, 1], gen=gen, **shape, **cap)  # type: ignore[arg-type]
+    first.kv.copy_(second.kv)
+    for name in ("slot_mapping", "seq_lens", "block_tables"):
+        getattr(meta, name).copy_(getattr(second.meta, name))
+    static_q.copy_(second.q)
+    static_k.copy_(second.k_new)
+    static_v.copy_(second.v_new)
+    graph.replay()
+    torch.cuda.synchronize()
+    atol, rtol = TOL[torch.bfloat16]
+    torch.testing.assert_close(static_out.float(), second.expected(), atol=atol, rtol=rtol)
