@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
-# Usage (on a CUDA machine, repository root): bash scripts/gpu_check.sh [quick]
-# Writes logs and JSON under ${OUT:-/tmp/roseinfer-gpu}; prints a short table last.
+# Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
+#   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all)
+# Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/roseinfer-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 RI="python3 -m roseinfer.entrypoints.cli"
-status=()
-step() {  # step NAME COMMAND...: run, log, remember pass/fail
-    local name=$1; shift
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(tests kernels roofline roofline-llama throughput throughput-llama prefix)
+summary=()
+run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER matches
+    local name=$1 filter=$2; shift 2
     local t0=$SECONDS
-    echo "=== $name: $*"
-    if "$@" > "$OUT/$name.log" 2>&1; then status+=("$name ok $((SECONDS - t0))s"); else status+=("$name FAILED $((SECONDS - t0))s"); fi
-    tail -n 25 "$OUT/$name.log"
+    echo "=== $name"
+    if "$@" > "$OUT/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$OUT/$name.log"; fi
+    grep -E "$filter" "$OUT/$name.log" | cut -c1-160 | tail -n 40
 }
-step gpu-tests python3 -m pytest -q -m gpu tests -x -p no:cacheprovider
-step kernels $RI bench kernels
-step roofline-qwen $RI bench roofline --model-shape qwen2.5-0.5b --json "$OUT/roofline_qwen.json"
-if [ "${1:-}" != quick ]; then
-  step roofline-llama $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$OUT/roofline_llama.json"
-fi
-step w1-qwen-hf $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode all --peer hf --json "$OUT/w1_qwen.json"
-step w2-qwen $RI bench throughput --model-shape qwen2.5-0.5b --workload W2 --mode continuous --json "$OUT/w2_qwen.json"
-step prefix $RI bench prefix --model-shape qwen2.5-0.5b --workload all --num-requests 64 --json "$OUT/prefix.json"
+REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor'
+for s in "${sections[@]}"; do
+  case $s in
+    tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels/test_fused_ops.py ;;
+    kernels) run kernels 'decode|prefill|copy' $RI bench kernels ;;
+    roofline) run roofline-qwen '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape qwen2.5-0.5b --json "$OUT/roofline_qwen.json" ;;
+    roofline-llama) run roofline-llama '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$OUT/roofline_llama.json" ;;
+    throughput)
+      run w1-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --peer hf --json "$OUT/w1_qwen.json"
+      run w1-qwen-static "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode static --no-roofline --json "$OUT/w1_qwen_static.json"
+      run w2-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W2 --mode continuous --json "$OUT/w2_qwen.json"
+      run w2-qwen3 "$REPORT" $RI bench throughput --model-shape qwen3-0.6b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_qwen3.json" ;;
+    throughput-llama)
+      run w1-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W1 --mode continuous --json "$OUT/w1_llama.json"
+      run w2-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_llama.json" ;;
+    prefix) run prefix '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload all --json "$OUT/prefix.json" ;;
+    profile)
+      $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
+      run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
+      run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps ;;
+    *) echo "unknown section $s"; exit 2 ;;
+  esac
+done
 echo
 echo "=== summary"
-for s in "${status[@]}"; do echo "  $s"; done
-grep -h -E "^(roofline|step|decode|prefill)" "$OUT"/roofline-*.log 2>/dev/null | tail -n 30
-grep -h -E "Throughput \(completion\)|^=== |ratio" "$OUT"/w1-qwen-hf.log "$OUT"/w2-qwen.log 2>/dev/null | tail -n 20
+for s in "${summary[@]}"; do echo "  $s"; done

@@ -23,6 +23,21 @@ class ForwardContext:
     backend: AttentionBackend
 
 
+def fused_kernels_for(x: torch.Tensor) -> bool:
+    """Fused Triton kernels on CUDA tensors (one launch instead of many small ones); torch elsewhere."""
+    return x.is_cuda and _HAS_TRITON
+
+
+try:
+    from roseinfer.kernels import activation as _act
+    from roseinfer.kernels import rmsnorm as _rms
+    from roseinfer.kernels import rotary as _rope
+
+    _HAS_TRITON = True
+except ImportError:  # CPU installs without Triton
+    _HAS_TRITON = False
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, as HF does; `forward(x, residual)` fuses the residual add."""
 
@@ -40,6 +55,13 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if fused_kernels_for(x):
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            if residual is None:
+                return _rms.rmsnorm(x2, self.weight, self.eps).view(shape)
+            out = _rms.rmsnorm(x2, self.weight, self.eps, residual)  # residual becomes x + residual
+            return out.view(shape), residual
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -82,6 +104,9 @@ class RotaryEmbedding:
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
         assert self.cos_sin is not None, "RotaryEmbedding.build() was not called"
+        if fused_kernels_for(q):
+            _rope.apply_rotary(q, k, positions, self.cos_sin)  # in place
+            return q, k
         cos, sin = self.cos_sin[positions].chunk(2, dim=-1)  # [T, D/2] each
         cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(q.dtype)
         sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(q.dtype)
@@ -94,6 +119,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if fused_kernels_for(x):
+        return _act.silu_and_mul(x)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -1,0 +1,76 @@
+"""Fused RMSNorm(+residual), rotary and SiLU-and-mul against their torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
+from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from roseinfer.kernels.rotary import apply_rotary, apply_rotary_ref
+from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    atol, rtol = TOL[dtype]
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(("rows", "cols"), [(1, 64), (7, 96), (3, 896), (5, 1000)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm(dtype, rows, cols, with_residual):
+    g = generator("rms", dtype, rows, cols, with_residual)
+    x, w = randn((rows, cols), dtype, g), 1 + 0.1 * randn((cols,), dtype, g)
+    res = randn((rows, cols), dtype, g) if with_residual else None
+    res_ref = res.clone() if res is not None else None
+    out = rmsnorm(x, w, 1e-6, res)
+    ref = rmsnorm_ref(x, w, 1e-6, res_ref)
+    close(out, ref, dtype)
+    if with_residual:
+        close(res, res_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("tokens", "hq", "hk", "d"), [(1, 4, 2, 16), (9, 14, 2, 64), (5, 8, 8, 128), (3, 3, 1, 32)]
+)
+def test_rotary_in_place_on_strided_views(dtype, tokens, hq, hk, d):
+    g = generator("rope", dtype, tokens, hq, hk, d)
+    qkv = randn((tokens, (hq + 2 * hk) * d), dtype, g)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(tokens, hk, d)
+    v_before = qkv[:, (hq + hk) * d :].clone()
+    max_pos = 64
+    angles = torch.rand((max_pos, d // 2), generator=g) * 6.28
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
+    positions = torch.randint(0, max_pos, (tokens,), generator=g).to(torch.int32).to(DEVICE)
+    q_ref, k_ref = apply_rotary_ref(q.clone(), k.clone(), positions, cos_sin)
+    apply_rotary(q, k, positions, cos_sin)
+    close(q, q_ref, dtype)
+    close(k, k_ref, dtype)
+    assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(("rows", "inter"), [(1, 16), (6, 112), (3, 1500)])
+def test_silu_and_mul(dtype, rows, inter):
+    x = randn((rows, 2 * inter), dtype, generator("silu", dtype, rows, inter))
+    close(silu_and_mul(x), silu_and_mul_ref(x), dtype)
+
+
+def test_rotary_ref_matches_model_rotary():
+    from roseinfer.models.layers import RotaryEmbedding
+
+    rope = RotaryEmbedding(32, 128, 10000.0, None)
+    rope.build(torch.device("cpu"))
+    g = generator("rope-model")
+    q, k = torch.randn(5, 4, 32, generator=g), torch.randn(5, 2, 32, generator=g)
+    pos = torch.tensor([0, 3, 17, 64, 127])
+    want_q, want_k = rope(pos, q, k)
+    got_q, got_k = apply_rotary_ref(q, k, pos, rope.cos_sin)
+    torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=1e-5)
