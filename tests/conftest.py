@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without CUDA, Triton kernels run in its CPU interpreter. Triton reads this when a kernel is defined, and
+# roseinfer.models imports the kernels, so it is set here, before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # ---------------------------------------------------------------------------
 # Hooks

@@ -12,6 +12,7 @@ import torch
 
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.block_copy import copy_blocks
 from roseinfer.kernels.kv_store import store_kv
 from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
@@ -68,6 +69,10 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             out=out,
         )
+
+
+    def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        copy_blocks(kv_cache, src, dst)
 
 
 register_backend("triton", TritonAttentionBackend)

@@ -73,6 +73,8 @@ class EngineCore:
                     f"scheduler made no progress with {head} (KV pool of {self.num_blocks} blocks)"
                 )
             return [], []
+        has_prefill = out.has_prefill  # read before the update appends the first tokens
+        prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if s.request.num_output_tokens == 0)
         sampled = self.runner.execute(out)
         with record("update"):
             got, finished = self.scheduler.update_from_output(out, sampled)
@@ -80,9 +82,9 @@ class EngineCore:
             self.runner.release(req.request_id)
         dt = time.perf_counter() - t0
         self.stats.num_steps += 1
-        if out.has_prefill:
+        if has_prefill:
             self.stats.prefill_time += dt
-            self.stats.num_prompt_tokens_computed += out.num_tokens
+            self.stats.num_prompt_tokens_computed += prompt_tokens
         else:
             self.stats.decode_time += dt
         return got, finished

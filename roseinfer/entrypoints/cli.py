@@ -27,6 +27,7 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
         "roseinfer.bench.throughput",
         "offline throughput of a workload; naive/static/continuous; HF peer",
     ),
+    "prefix": ("roseinfer.bench.prefix", "prefix caching on vs off: W4, W3 online, W5 COW, cow-micro, W2"),
 }
 
 

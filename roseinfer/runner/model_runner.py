@@ -34,6 +34,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}
         self.staging = Staging(self.device)
+        self.copy_staging = Staging(self.device, capacity=1024)
         self.graphs: DecodeGraphs | None = None
 
     # -- KV cache ---------------------------------------------------------------------------------
@@ -116,9 +117,9 @@ class ModelRunner:
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""
-        src = torch.tensor([p[0] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
-        dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64).to(self.device, non_blocking=True)
-        self.backend.copy_blocks(self.kv_cache, src, dst)
+        # Its own staging buffer: the step's inputs are uploaded through `self.staging` right after.
+        (idx,) = self.copy_staging.upload([np.asarray(pairs, dtype=np.int32).T.copy()])
+        self.backend.copy_blocks(self.kv_cache, idx[0].long(), idx[1].long())
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
