@@ -34,7 +34,12 @@ for s in "${sections[@]}"; do
     throughput-llama)
       run w1-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W1 --mode continuous --json "$OUT/w1_llama.json"
       run w2-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_llama.json" ;;
-    prefix) run prefix '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload all --json "$OUT/prefix.json" ;;
+    prefix)
+      for w in W4 W5 cow-micro W2; do
+        run prefix-$w '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload $w --no-progress --json "$OUT/prefix_$w.json"
+      done
+      # W3 is online: each rate takes (requests / rate) seconds, so it runs fewer requests per rate here.
+      run prefix-W3 '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --json "$OUT/prefix_W3.json" ;;
     profile)
       $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
