@@ -4,6 +4,11 @@ Write rule (invariant 3): a request writes into block `b` only if it holds the s
 holds no cached content (cached blocks are immutable, a partly filled one too, so that its key stays
 valid for later identical prompts); otherwise the block is first copied to a private block. The copies
 of one step are collected here and executed by the runner in one batched launch.
+
+One deliberate exception: a full block is registered as soon as the step that fills it is scheduled
+("fresh"), so requests admitted in the same step can already read it: each layer stores the step's K/V
+before it attends. A fresh block is never a copy source (its content does not exist yet when the
+step's copies run), so a hit never makes a request write into one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.pending_copies: list[tuple[int, int]] = []
         self._pending_free: list[int] = []  # copy sources: released after the step's copies are issued
+        self.fresh: set[int] = set()  # full blocks registered this step, filled by this step's forward
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
@@ -84,6 +90,9 @@ class KVCacheManager:
         """
         assert not req.block_ids
         blocks, hit = self.find_cached_prefix(req)
+        write = min(hit, req.num_tokens - 1) // self.block_size
+        if write < len(blocks) and blocks[write] in self.fresh:
+            blocks, hit = blocks[:write], write * self.block_size  # recompute it: never copy a fresh block
         self.pool.incref(blocks)
         req.block_ids = blocks
         req.num_computed_tokens = min(hit, req.num_tokens - 1)
@@ -133,22 +142,32 @@ class KVCacheManager:
         self._pending_free = []
         return copies
 
-    def on_computed(self, req: Request, prompt_done: bool) -> None:
-        """Register blocks whose KV became complete this step, so later requests can reuse them."""
+    def begin_step(self) -> None:
+        self.fresh.clear()
+
+    def register_scheduled(self, req: Request, num_new_tokens: int) -> None:
+        """Register the full blocks this step completes for `req` (which is scheduled for sure)."""
         if not self.enable_prefix_caching:
             return
-        bs, n = self.block_size, req.num_computed_tokens
-        full = n // bs
-        if full > req.num_registered_blocks:
-            hashes = self._hashes(req)
-            for i in range(req.num_registered_blocks, full):
-                self.pool.set_hash(req.block_ids[i], hashes[i], bs)
-            req.num_registered_blocks = full
-        if prompt_done and req.num_prompt_tokens % bs:
-            # The partly filled last prompt block: identical prompts and n > 1 samples share it.
-            k = req.num_prompt_tokens
-            self._hashes(req)
-            self.pool.set_hash(req.block_ids[k // bs], self._partial_key(req, k), k % bs)
+        full = (req.num_computed_tokens + num_new_tokens) // self.block_size
+        if full <= req.num_registered_blocks:
+            return
+        hashes = self._hashes(req)
+        for i in range(req.num_registered_blocks, full):
+            block = req.block_ids[i]
+            self.pool.set_hash(block, hashes[i], self.block_size)
+            if self.pool.block_hash[block] == hashes[i]:
+                self.fresh.add(block)
+        req.num_registered_blocks = full
+
+    def on_prompt_computed(self, req: Request) -> None:
+        """Register the partly filled last prompt block once its KV exists: identical prompts and n > 1
+        samples share it (a partial block is never registered early: sharers copy it before writing)."""
+        bs, k = self.block_size, req.num_prompt_tokens
+        if not self.enable_prefix_caching or k % bs == 0:
+            return
+        self._hashes(req)
+        self.pool.set_hash(req.block_ids[k // bs], self._partial_key(req, k), k % bs)
 
     def free(self, req: Request) -> None:
         # Deepest block first: it is the least likely to be shared, so it should be evicted first.
@@ -198,5 +217,5 @@ class KVCacheManager:
             raise AssertionError("conservation: held + free != pool size")
         for req, pos in writers:
             b = req.block_ids[pos // self.block_size]
-            if self._must_copy(b):
+            if self._must_copy(b) and b not in self.fresh:
                 raise AssertionError(f"{req} writes block {b} that others can read")

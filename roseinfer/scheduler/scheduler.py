@@ -98,6 +98,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
+        self.kv.begin_step()
 
         # Running requests first, decodes before unfinished prefills (decode-first).
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
@@ -117,6 +118,7 @@ class Scheduler:
                 continue
             scheduled.add(id(req))
             out.scheduled.append(self._scheduled(req, num_new))
+            self.kv.register_scheduled(req, num_new)
             budget -= num_new
 
         if not out.preempted:
@@ -151,8 +153,10 @@ class Scheduler:
             num_new = req.num_tokens - req.num_computed_tokens
             fits = num_new <= budget or self.config.enable_chunked_prefill or form_batch
             num_new = min(num_new, budget)
-            if not fits or not self.kv.allocate_slots(req, num_new) or (
-                form_batch and not self._fits_whole(req)
+            if (
+                not fits
+                or not self.kv.allocate_slots(req, num_new)
+                or (form_batch and not self._fits_whole(req))
             ):
                 self.kv.free(req)
                 req.num_computed_tokens = 0
@@ -165,6 +169,7 @@ class Scheduler:
             self.running.append(req)
             if num_new > 0:
                 out.scheduled.append(self._scheduled(req, num_new))
+                self.kv.register_scheduled(req, num_new)
             budget -= num_new
 
     def _fits_whole(self, req: Request) -> bool:
@@ -193,8 +198,8 @@ class Scheduler:
             req.num_computed_tokens += s.num_new_tokens
             if req.is_finished:
                 continue
-            prompt_done = before < req.num_prompt_tokens <= req.num_computed_tokens
-            self.kv.on_computed(req, prompt_done)
+            if before < req.num_prompt_tokens <= req.num_computed_tokens:
+                self.kv.on_prompt_computed(req)
             if not tokens:
                 continue
             family = [req] + [self._fork(req, i) for i in range(1, len(tokens))]

@@ -201,3 +201,41 @@ def test_lpm_prefers_hits_but_ages_cold_requests():
     assert admitted[0] == "warm0"  # a hit goes ahead of the older cold request
     assert admitted.index("cold") <= 3  # but the cold one is admitted once it has waited 3 steps
     assert cold.status == RequestStatus.FINISHED_LENGTH
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_identical_prompts_admitted_together_share_full_blocks(mode):
+    """W4 in miniature: a batch of identical prompts computes the shared full blocks once, in one step."""
+    kv = KVCacheManager(128, 4)
+    sched = Scheduler(SchedulerConfig(8, 1024, mode), kv, 10_000)
+    prompt = list(range(10, 27))  # 4 full blocks + 1 token
+    reqs = [Request(str(i), prompt, SamplingParams(max_tokens=2)) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    out = sched.schedule()
+    check_step(sched, out)
+    assert [s.num_new_tokens for s in out.scheduled] == [17, 1, 1, 1, 1]
+    assert all(r.block_ids[:4] == reqs[0].block_ids[:4] for r in reqs)
+    assert not out.blocks_to_copy  # nothing fresh is ever a copy source
+    sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    while sched.has_unfinished():
+        out = sched.schedule()
+        check_step(sched, out)
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    assert [r.num_cached_tokens for r in reqs] == [0, 16, 16, 16, 16]
+
+
+def test_same_step_hit_never_writes_into_a_fresh_block():
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(8, 1024), kv, 10_000)
+    prompt = list(range(10, 26))  # exactly 4 full blocks: a whole-prompt hit would recompute inside block 3
+    a, b = (
+        Request("a", prompt, SamplingParams(max_tokens=1)),
+        Request("b", prompt, SamplingParams(max_tokens=1)),
+    )
+    sched.add_request(a)
+    sched.add_request(b)
+    out = sched.schedule()
+    check_step(sched, out)
+    assert [s.num_new_tokens for s in out.scheduled] == [16, 4]  # b recomputes the last block itself
+    assert b.block_ids[:3] == a.block_ids[:3] and b.block_ids[3] != a.block_ids[3]

@@ -106,7 +106,7 @@ def test_decode_first_and_newest_preempted():
     sched = Scheduler(SchedulerConfig(8, 1024, "continuous"), kv, 10_000)
     old, new = (
         Request("old", [1] * 7, SamplingParams(max_tokens=20)),
-        Request("new", [1] * 8, SamplingParams(max_tokens=20)),
+        Request("new", [2] * 8, SamplingParams(max_tokens=20)),
     )
     sched.add_request(old)
     sched.add_request(new)
