@@ -75,6 +75,13 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=None)
+    cache = parser.add_argument_group("prefix cache")
+    cache.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    cache.add_argument(
+        "--pin-prefix", action="append", default=[], help="a prefix to compute and pin (repeatable)"
+    )
+    cache.add_argument("--pin-prefix-file", default=None, help="JSON list or JSON lines of prefixes to pin")
+    cache.add_argument("--admission-policy", default="fcfs", choices=["fcfs", "lpm"])
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -92,6 +99,10 @@ def run_generate(args: argparse.Namespace) -> int:
         device=args.device,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        pinned_prefixes=args.pin_prefix,
+        pin_prefix_file=args.pin_prefix_file,
+        admission_policy=args.admission_policy,
     )
     if args.prompt is not None:
         if llm.tokenizer is None:
@@ -113,6 +124,10 @@ def run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    device = llm.engine.config.device
+    print(
+        f"# {model} ({load_format} weights) on {device}; finish_reason={out.finish_reason}", file=sys.stderr
+    )
     if llm.tokenizer is not None:
         print(out.text)
     else:
