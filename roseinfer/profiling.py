@@ -2,7 +2,7 @@
 
 `record(name)` marks a stage ("schedule", "prepare_inputs", "forward", "sample", "update", "copy_blocks",
 "kv_write"); `profile_to(path)` collects a torch profiler trace around a block and writes it as a
-Chrome/Perfetto JSON file, which `roseinfer trace-sql TRACE "SELECT ..."` (roseinfer/trace_sql.py) queries.
+Chrome/Perfetto JSON file, which `roseinfer trace-sql TRACE "SELECT ..."` (roseinfer/trace_sql/) queries.
 NVTX ranges (for Nsight Systems) are on when ROSEINFER_NVTX=1 or after `enable_nvtx(True)`.
 """
 

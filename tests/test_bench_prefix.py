@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from roseinfer.bench import prefix
+from roseinfer.bench import (
+    engine_probe,
+    prefix,
+    prefix_common,
+    prefix_cow_micro,
+    prefix_online,
+    prefix_plots,
+)
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.cli import BENCH_COMMANDS, main
@@ -179,20 +186,20 @@ def test_batched_copy_equals_looped_copy():
     kv = engine.core.runner.kv_cache
     assert kv is not None
     pairs = [(3, 9), (0, 12), (7, 1), (5, 4)]
-    assert prefix.check_batched_equals_looped(copy_fn, kv, pairs)
+    assert prefix_cow_micro.check_batched_equals_looped(copy_fn, kv, pairs)
 
     def broken(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         cache[dst[:1]] = cache[src[:1]]  # drops every pair but the first
 
-    assert not prefix.check_batched_equals_looped(broken, kv, pairs)
+    assert not prefix_cow_micro.check_batched_equals_looped(broken, kv, pairs)
     with pytest.raises(ValueError, match="distinct blocks"):
-        prefix.cow_pairs(16, 9)
+        prefix_cow_micro.cow_pairs(16, 9)
 
 
 def test_probe_counts_prompt_tokens_of_full_hits():
     """A request whose whole prompt is cached still computes its last token; the probe counts it."""
     engine = tiny_engine(scheduler_mode="naive")
-    probe = prefix.Probe(engine)
+    probe = engine_probe.Probe(engine)
     wl = build_workload("W4", 32000, num_requests=3, max_prompt_len=48, max_output_len=3)
     for p, s in zip(wl.prompts, wl.params):
         engine.add_request(p, s)
@@ -204,21 +211,21 @@ def test_probe_counts_prompt_tokens_of_full_hits():
 
 
 def test_w3_workload_shape_and_arrivals():
-    assert prefix.w3_lengths(None, None) == (900, 100, 30)
-    assert prefix.w3_lengths(100, 5) == (90, 10, 5)
-    a = prefix.build_w3(32000, 5, 1, prefix_len=20, suffix_len=6, output_len=2)
-    b = prefix.build_w3(32000, 5, 2, prefix_len=20, suffix_len=6, output_len=2)
+    assert prefix_online.w3_lengths(None, None) == (900, 100, 30)
+    assert prefix_online.w3_lengths(100, 5) == (90, 10, 5)
+    a = prefix_online.build_w3(32000, 5, 1, prefix_len=20, suffix_len=6, output_len=2)
+    b = prefix_online.build_w3(32000, 5, 2, prefix_len=20, suffix_len=6, output_len=2)
     assert a.scaled and a.num_requests == 5 and set(a.prompt_lens) == {26} and set(a.output_lens) == {2}
     assert all(p[:20] == a.prompts[0][:20] == b.prompts[0][:20] for p in a.prompts + b.prompts)
     suffixes = {tuple(p[20:]) for p in a.prompts + b.prompts}
     assert len(suffixes) == 10  # unique per request and per stream
-    assert a.prompts == prefix.build_w3(32000, 5, 1, prefix_len=20, suffix_len=6, output_len=2).prompts
-    full = prefix.build_w3(32000, 200, 1)
+    assert a.prompts == prefix_online.build_w3(32000, 5, 1, prefix_len=20, suffix_len=6, output_len=2).prompts
+    full = prefix_online.build_w3(32000, 200, 1)
     assert not full.scaled and set(full.prompt_lens) == {1000}
-    offsets = prefix.poisson_offsets(2000, 8.0, 0, 1)
+    offsets = prefix_online.poisson_offsets(2000, 8.0, 0, 1)
     assert offsets[0] == 0 and np.all(np.diff(offsets) >= 0)
     assert np.diff(offsets).mean() == pytest.approx(1 / 8, rel=0.1)
-    assert np.array_equal(offsets, prefix.poisson_offsets(2000, 8.0, 0, 1))
+    assert np.array_equal(offsets, prefix_online.poisson_offsets(2000, 8.0, 0, 1))
 
 
 def test_helpers():
@@ -231,16 +238,17 @@ def test_helpers():
     with pytest.raises(Exception, match="unknown workload"):
         prefix.parse_workload("W9")
     rows = [{"rate": 1.0, "slo_ok": True}, {"rate": 4.0, "slo_ok": True}, {"rate": 8.0, "slo_ok": False}]
-    assert prefix.max_rate_under_slo(rows) == 4.0
-    assert prefix.max_rate_under_slo(rows[2:]) is None
-    text = prefix.format_table("t", [("a", "A", "d"), ("b", "Bee", ".1f")], [{"a": 1, "b": None}])
+    assert prefix_online.max_rate_under_slo(rows) == 4.0
+    assert prefix_online.max_rate_under_slo(rows[2:]) is None
+    text = prefix_common.format_table("t", [("a", "A", "d"), ("b", "Bee", ".1f")], [{"a": 1, "b": None}])
     assert text.splitlines()[1:] == ["A  Bee", "------", "1    -"]
-    assert prefix.percentile([1.0, 2.0, 3.0], 50) == 2.0 and math.isnan(prefix.percentile([], 50))
+    assert prefix_common.percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert math.isnan(prefix_common.percentile([], 50))
 
 
 def test_plot_is_skipped_quietly_without_matplotlib(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     rows = [{"rate": 1.0, "cache": c, "ttft_p99_ms": 1.0, "e2e_p99_s": 0.1} for c in ("off", "on")]
     w3 = {"workload": {"slo_p99_s": 2.0}, "rows": rows}
-    assert prefix.plot_w3(w3, str(tmp_path / "x.png")) is None
+    assert prefix_plots.plot_w3(w3, str(tmp_path / "x.png")) is None
     assert not (tmp_path / "x.png").exists()

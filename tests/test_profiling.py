@@ -435,7 +435,7 @@ def test_perfetto_engine_plumbing(cpu_trace: Path, fake_perfetto: Path) -> None:
 def test_auto_falls_back_when_perfetto_cannot_start(
     cpu_trace: Path, fake_perfetto: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("roseinfer.trace_sql.find_trace_processor", lambda tp_bin=None: "broken")
+    monkeypatch.setattr("roseinfer.trace_sql.engines.find_trace_processor", lambda tp_bin=None: "broken")
     _, rows = query_trace(cpu_trace, "SELECT COUNT(*) FROM slice WHERE name = 'forward'", engine="auto")
     assert rows == [(NUM_STEPS,)]
     assert "using the built-in sqlite engine" in capsys.readouterr().err
@@ -444,7 +444,7 @@ def test_auto_falls_back_when_perfetto_cannot_start(
 
 
 def test_auto_without_a_local_binary_uses_sqlite(cpu_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("roseinfer.trace_sql.find_trace_processor", lambda tp_bin=None: None)
+    monkeypatch.setattr("roseinfer.trace_sql.engines.find_trace_processor", lambda tp_bin=None: None)
     _, rows = query_trace(cpu_trace, "SELECT COUNT(*) FROM slice WHERE name = 'sample'")
     assert rows == [(NUM_STEPS,)]
 

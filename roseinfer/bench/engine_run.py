@@ -1,0 +1,106 @@
+"""A workload through roseinfer's engine, timed (shared by `bench throughput` and `bench prefix`): the engine
+options, the warm-up workload, the timed run."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from roseinfer.bench.device import sync
+from roseinfer.bench.run_result import RunResult
+from roseinfer.bench.workloads import Workload, build_workload
+from roseinfer.engine.llm_engine import LLMEngine
+
+CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
+
+
+def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
+    """Add every request of `workload`, step until all finish; timed from the first add to the last step."""
+    core = engine.core
+    device = engine.config.device
+    sync(device)
+    core.stats.reset()
+    t0 = time.perf_counter()
+    for prompt, params in zip(workload.prompts, workload.params):
+        engine.add_request(prompt, params)
+    t_added = time.perf_counter()
+    completion = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step(final_only=True):
+            completion += sum(len(c.token_ids) for c in out.outputs)
+    sync(device)
+    total = time.perf_counter() - t0
+    if completion != workload.num_output_tokens:
+        raise RuntimeError(
+            f"{name}: {completion} completion tokens, the workload asked for {workload.num_output_tokens}"
+        )
+    stats = core.stats
+    return RunResult(
+        name=name,
+        num_requests=workload.num_requests,
+        prefill_time=total - stats.decode_time,
+        decode_time=stats.decode_time,
+        total_time=total,
+        prompt_tokens=workload.num_prompt_tokens,
+        completion_tokens=completion,
+        extra={
+            "add_time": t_added - t0,
+            "prefill_step_time": stats.prefill_time,
+            "num_steps": stats.num_steps,
+            "num_prompt_tokens_computed": stats.num_prompt_tokens_computed,
+            "num_preemptions": core.scheduler.num_preemptions,
+            "num_kv_blocks": core.num_blocks,
+        },
+    )
+
+
+def warmup_workload(args: argparse.Namespace, workload: Workload, vocab_size: int) -> Workload:
+    """The workload's requests with other token ids (another seed: nothing left in a prefix cache for the
+    timed run to hit) and short outputs. By default every request: the warm-up then meets the timed run's
+    prefill chunk and decode batch shapes, so that one-time costs (kernel compiles and autotuning,
+    allocator growth) stay out of the timed run; a 4-request warm-up left ~1 s of them in W1's prefill."""
+    n = args.warmup_requests if args.warmup_requests is not None else workload.num_requests
+    n = max(1, min(n, workload.num_requests))
+    out_len = max(1, args.warmup_output_len)
+    other = build_workload(
+        workload.id,
+        vocab_size,
+        num_requests=n,
+        max_prompt_len=args.max_prompt_len,
+        max_output_len=min(args.max_output_len or out_len, out_len),
+        seed=workload.seed + 1,
+    )
+    return other.head(n)
+
+
+def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> dict[str, Any]:
+    """make_engine_config keywords: explicit options win over the workload's, which win over defaults."""
+    kw: dict[str, Any] = {"load_format": "dummy", "dtype": args.dtype, "scheduler_mode": mode}
+    if args.device is not None:
+        kw["device"] = args.device
+    kw.update(workload.engine_overrides)
+    names = (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "gpu_memory_utilization",
+        "attention_backend",
+        "num_kv_blocks",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "max_model_len",
+    )
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None:
+            kw[name] = value
+    if args.enforce_eager:
+        kw["enforce_eager"] = True
+    # On the CPU the pool is sized in tokens: make the whole workload fit, as it would on a GPU.
+    block = kw.get("block_size", 16)
+    need = sum(
+        -(-(len(p) + s.max_tokens) // block) * block for p, s in zip(workload.prompts, workload.params)
+    )
+    kw["cpu_kv_tokens"] = max(CPU_KV_TOKENS, need)
+    return kw

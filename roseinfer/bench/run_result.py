@@ -1,0 +1,55 @@
+"""One timed run of a workload: its times and token counts, and the report lines printed for it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunResult:
+    name: str
+    num_requests: int
+    prefill_time: float
+    decode_time: float
+    total_time: float
+    prompt_tokens: int
+    completion_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def completion_throughput(self) -> float:
+        return self.completion_tokens / self.total_time
+
+    @property
+    def total_throughput(self) -> float:
+        return self.total_tokens / self.total_time
+
+    def report(self) -> str:
+        return "\n".join(
+            [
+                f"=== {self.name} ===",
+                f"Requests: {self.num_requests}",
+                f"Elapsed (prefill/add): {self.prefill_time:.6f} seconds",
+                f"Elapsed (decode/run): {self.decode_time:.6f} seconds",
+                f"Elapsed (total): {self.total_time:.6f} seconds",
+                f"Prompt tokens: {self.prompt_tokens}",
+                f"Completion tokens: {self.completion_tokens}",
+                f"Total tokens: {self.total_tokens}",
+                f"Throughput (completion): {self.completion_throughput:.2f} tokens/s",
+                f"Throughput (total): {self.total_throughput:.2f} tokens/s",
+            ]
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            total_tokens=self.total_tokens,
+            completion_throughput=self.completion_throughput,
+            total_throughput=self.total_throughput,
+        )
+        return d

@@ -1,0 +1,84 @@
+"""Canned queries for `trace-sql --example NAME` (each with {range} for the record_function range)."""
+
+from __future__ import annotations
+
+from roseinfer.trace_sql.errors import TraceQueryError
+
+# name -> (help, SQL with {range} for the range name)
+EXAMPLES: dict[str, tuple[str, str]] = {
+    "ops-in-range": (
+        "top aten ops by total time inside a record_function range (--range, default forward)",
+        """
+SELECT s.name, COUNT(*) AS n, SUM(s.dur) / 1e6 AS total_ms, AVG(s.dur) / 1e3 AS avg_us
+FROM slice s
+JOIN ancestor a ON a.slice_id = s.id
+JOIN slice r ON r.id = a.ancestor_id
+WHERE r.name = '{range}' AND r.category = 'user_annotation' AND s.name LIKE 'aten::%'
+GROUP BY s.name ORDER BY total_ms DESC LIMIT 25
+""",
+    ),
+    "launches-per-step": (
+        "cudaLaunchKernel and all cu*Launch* calls per engine step (a step starts at each 'schedule')",
+        """
+WITH step AS (
+  SELECT ROW_NUMBER() OVER (ORDER BY ts) AS step, ts AS t0, LEAD(ts) OVER (ORDER BY ts) AS t1
+  FROM slice WHERE name = 'schedule' AND category = 'user_annotation')
+SELECT step.step, SUM(l.name = 'cudaLaunchKernel') AS cudaLaunchKernel, COUNT(l.id) AS launches,
+       COALESCE(SUM(l.dur), 0) / 1e3 AS launch_us
+FROM step LEFT JOIN slice l ON l.name GLOB 'cu*Launch*' AND l.ts >= step.t0
+  AND (step.t1 IS NULL OR l.ts < step.t1)
+GROUP BY step.step ORDER BY step.step
+""",
+    ),
+    "gpu-gaps": (
+        "busy time and idle gaps between GPU kernels, per stream",
+        """
+WITH k AS (
+  SELECT track_id, dur, ts - LAG(ts + dur) OVER (PARTITION BY track_id ORDER BY ts) AS gap
+  FROM slice WHERE category IN ('kernel', 'gpu_memcpy', 'gpu_memset'))
+SELECT k.track_id, tt.name AS stream, COUNT(*) AS kernels, SUM(k.dur) / 1e6 AS busy_ms,
+       COALESCE(SUM(MAX(k.gap, 0)), 0) / 1e6 AS idle_ms, AVG(MAX(k.gap, 0)) / 1e3 AS avg_gap_us,
+       MAX(k.gap) / 1e3 AS max_gap_us
+FROM k LEFT JOIN thread_track tt ON tt.id = k.track_id
+GROUP BY k.track_id ORDER BY busy_ms DESC
+""",
+    ),
+    "largest-gpu-gaps": (
+        "the 20 largest gaps between consecutive GPU kernels, with the kernels around them",
+        """
+WITH k AS (
+  SELECT track_id, ts, name,
+         LAG(ts + dur) OVER (PARTITION BY track_id ORDER BY ts) AS prev_end,
+         LAG(name) OVER (PARTITION BY track_id ORDER BY ts) AS prev_name
+  FROM slice WHERE category IN ('kernel', 'gpu_memcpy', 'gpu_memset'))
+SELECT track_id, (ts - prev_end) / 1e3 AS gap_us, prev_name AS before, name AS after, prev_end AS gap_ts
+FROM k WHERE prev_end IS NOT NULL ORDER BY ts - prev_end DESC LIMIT 20
+""",
+    ),
+    "range-times": (
+        "count and time per record_function range (CPU side, and GPU side when traced)",
+        """
+SELECT category, name, COUNT(*) AS n, SUM(dur) / 1e6 AS total_ms, AVG(dur) / 1e3 AS avg_us,
+       MAX(dur) / 1e3 AS max_us
+FROM slice WHERE category IN ('user_annotation', 'gpu_user_annotation')
+GROUP BY category, name ORDER BY total_ms DESC
+""",
+    ),
+    "kernels-per-range": (
+        "GPU kernels (count, GPU time) launched from inside each record_function range, via flow",
+        """
+SELECT r.name AS range_name, COUNT(DISTINCT k.id) AS kernels, SUM(k.dur) / 1e6 AS gpu_ms
+FROM flow f
+JOIN slice k ON k.id = f.slice_in
+JOIN ancestor a ON a.slice_id = f.slice_out
+JOIN slice r ON r.id = a.ancestor_id AND r.category = 'user_annotation'
+GROUP BY r.name ORDER BY gpu_ms DESC
+""",
+    ),
+}
+
+
+def example_sql(name: str, range_name: str = "forward") -> str:
+    if name not in EXAMPLES:
+        raise TraceQueryError(f"unknown example {name!r}; one of: {', '.join(EXAMPLES)}")
+    return EXAMPLES[name][1].strip().replace("{range}", range_name.replace("'", "''"))
