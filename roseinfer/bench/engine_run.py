@@ -104,3 +104,19 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
     )
     kw["cpu_kv_tokens"] = max(CPU_KV_TOKENS, need)
     return kw
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: bool) -> None:
+    """The engine options every bench command takes (read back by `engine_kwargs`)."""
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--max-num-seqs", type=int, default=None)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=None)
+    engine.add_argument("--block-size", type=int, default=None)
+    engine.add_argument("--gpu-memory-utilization", type=float, default=None)
+    engine.add_argument("--num-kv-blocks", type=int, default=None)
+    engine.add_argument("--max-model-len", type=int, default=None)
+    engine.add_argument("--attention-backend", default=None)
+    engine.add_argument("--enforce-eager", action="store_true")
+    if prefix_caching_flag:
+        engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)

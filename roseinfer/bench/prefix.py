@@ -40,6 +40,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from roseinfer.bench.engine_run import add_engine_arguments
 from roseinfer.bench.env import bench_header, format_header
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
@@ -110,16 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=int, default=None)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=None)
-    engine.add_argument("--block-size", type=int, default=None)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=None)
-    engine.add_argument("--num-kv-blocks", type=int, default=None)
-    engine.add_argument("--max-model-len", type=int, default=None)
-    engine.add_argument("--attention-backend", default=None)
-    engine.add_argument("--enforce-eager", action="store_true")
-    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    add_engine_arguments(parser, prefix_caching_flag=False)  # the bench itself turns the cache on and off
 
 
 BENCHES: dict[str, Callable[[PrefixBench], dict[str, Any]]] = {

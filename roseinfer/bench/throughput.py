@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from roseinfer.bench.device import free_memory
-from roseinfer.bench.engine_run import engine_kwargs, run_engine, warmup_workload
+from roseinfer.bench.engine_run import add_engine_arguments, engine_kwargs, run_engine, warmup_workload
 from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, measure_matmul_tflops
 from roseinfer.bench.hf_peer import build_hf_model, export_to_hf, run_hf
 from roseinfer.bench.roofline_floor import format_roofline, roofline_floor
@@ -56,17 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", default=None, metavar="PATH", help="torch profiler trace of the timed run(s)"
     )
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=int, default=None)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=None)
-    engine.add_argument("--block-size", type=int, default=None)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=None)
-    engine.add_argument("--num-kv-blocks", type=int, default=None)
-    engine.add_argument("--max-model-len", type=int, default=None)
-    engine.add_argument("--attention-backend", default=None)
-    engine.add_argument("--enforce-eager", action="store_true")
-    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    add_engine_arguments(parser, prefix_caching_flag=True)
 
 
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
