@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 
 from roseinfer.sampling_params import SamplingParams
@@ -25,6 +26,9 @@ class RequestStatus(enum.Enum):
         )
 
 
+_UIDS = itertools.count()
+
+
 class Request:
     def __init__(
         self,
@@ -37,6 +41,7 @@ class Request:
         cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.uid = next(_UIDS)  # engine-internal identity: user request ids may look like anything
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
@@ -50,7 +55,7 @@ class Request:
         self.cache_salt = cache_salt
         self.parent: Request | None = None  # set on the n-1 extra samples forked from an n > 1 request
         self.sample_index = 0
-        self.enqueued_step = 0  # scheduler step at which it (last) entered the waiting queue
+        self.enqueued_step = 0  # scheduler step at which it first entered the waiting queue (its age)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0

@@ -52,7 +52,7 @@ class EngineCore:
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         self.scheduler.finish(req, status)
-        self.runner.release(req.request_id)
+        self.runner.release(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -79,7 +79,7 @@ class EngineCore:
         with record("update"):
             got, finished = self.scheduler.update_from_output(out, sampled)
         for req in finished:
-            self.runner.release(req.request_id)
+            self.runner.release(req)
         dt = time.perf_counter() - t0
         self.stats.num_steps += 1
         if has_prefill:

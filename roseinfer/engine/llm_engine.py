@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -53,7 +54,7 @@ class LLMEngine:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list | tuple):
-            ids = list(prompt)
+            ids = [int(t) if isinstance(t, np.integer) else t for t in prompt]
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -62,7 +63,7 @@ class LLMEngine:
         for i, t in enumerate(ids):
             if isinstance(t, float) and math.isnan(t):
                 raise ValueError(f"prompt token id at position {i} is NaN")
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+            if not isinstance(t, int | np.integer) or isinstance(t, bool) or not 0 <= t < vocab:
                 raise ValueError(
                     f"prompt token id {t!r} at position {i} is outside the vocabulary [0, {vocab})"
                 )
@@ -73,6 +74,12 @@ class LLMEngine:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
                 f"of {max_len} tokens (max_model_len)"
+            )
+        sched = self.config.scheduler
+        if not sched.enable_chunked_prefill and len(ids) > sched.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; with chunked prefill off a prompt must fit one step's "
+                f"budget of {sched.max_num_batched_tokens} tokens (max_num_batched_tokens)"
             )
         pool_tokens = self.core.num_blocks * self.config.cache.block_size
         if len(ids) + params.max_tokens > pool_tokens:

@@ -69,7 +69,7 @@ def make_engine_config(
             block_size, gpu_memory_utilization, num_kv_blocks, cpu_kv_tokens, enable_prefix_caching
         ),
         scheduler=SchedulerConfig(
-            max_num_seqs, max_num_batched_tokens, scheduler_mode, enable_chunked_prefill
+            max_num_seqs, max_num_batched_tokens, scheduler_mode, enable_chunked_prefill, admission_policy
         ),
         dtype=parse_dtype(dtype),
         device=dev,

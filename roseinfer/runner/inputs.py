@@ -42,7 +42,8 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     width = max(len(s.request.block_ids) for s in sched)
     tables = np.zeros((n, width), np.int32)
     if int(lens.max()) == 1:  # decode: one token per request, no slicing
-        ids = np.fromiter((s.request.all_token_ids[-1] for s in sched), np.int64, n)
+        # The token at num_computed_tokens: the last one for a decode, the next one for a 1-token prompt chunk.
+        ids = np.fromiter((s.request.all_token_ids[s.request.num_computed_tokens] for s in sched), np.int64, n)
         for i, s in enumerate(sched):
             tables[i, : len(s.request.block_ids)] = s.request.block_ids
     else:
@@ -71,6 +72,8 @@ class Staging:
     def __init__(self, device: torch.device, capacity: int = 1 << 16) -> None:
         self.device = device
         self.pin = device.type == "cuda"
+        # Marks the last host-to-device copy out of `host`: the host buffer is rewritten only after it ran.
+        self.copied = torch.cuda.Event() if self.pin else None
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -82,6 +85,8 @@ class Staging:
         total = sum(a.size for a in arrays)
         if total > self.host.numel():
             self._alloc(max(total, 2 * self.host.numel()))
+        if self.copied is not None:
+            self.copied.synchronize()  # a step with no host sync may still have its copy queued
         views, offset = [], 0
         for a in arrays:
             self.host_np[offset : offset + a.size] = a.ravel()
@@ -89,6 +94,8 @@ class Staging:
             offset += a.size
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)
+            if self.copied is not None:
+                self.copied.record()
         return [self.dev[o : o + int(np.prod(shape))].view(shape) for o, shape in views]
 
 

@@ -12,6 +12,7 @@ from roseinfer.config import EngineConfig
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
+from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.sampler import SamplingBatch, sample
@@ -138,7 +139,7 @@ class ModelRunner:
         with record("forward"):
             if use_graph:
                 logits = self.graphs.run(step)
-                if len(rows) != step.num_seqs:
+                if rows != list(range(step.num_seqs)):  # some rows do not sample, or sample n > 1 times
                     logits = logits[torch.tensor(rows, device=self.device)]
             else:
                 hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
@@ -160,18 +161,25 @@ class ModelRunner:
             result[i].append(tok)
         return result
 
-    def _generator(self, req, sample_index: int = 0) -> torch.Generator | None:
-        """The request's own generator when seeded; sample i of an n > 1 request uses seed + i."""
+    def _generator(self, req: Request, fork_index: int = 0) -> torch.Generator | None:
+        """The sample's own generator when seeded. Keyed by the engine's internal request uid (user ids
+        cannot collide with it); sample i of an n > 1 request is seeded from (seed, i)."""
         seed = req.params.seed
         if seed is None or req.params.greedy:
             return None
-        key = req.request_id if sample_index == 0 else f"{req.request_id}#{sample_index}"
+        key = self._generator_key(req, fork_index)
         gen = self.generators.get(key)
         if gen is None:
+            index = key[1]
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed + sample_index + req.sample_index)
+            gen.manual_seed(seed if index == 0 else (seed * 1_000_003 + index) % 2**63)
             self.generators[key] = gen
         return gen
 
-    def release(self, request_id: str) -> None:
-        self.generators.pop(request_id, None)
+    @staticmethod
+    def _generator_key(req: Request, fork_index: int = 0) -> tuple[int, int]:
+        root = req.parent or req
+        return root.uid, req.sample_index + fork_index
+
+    def release(self, req: Request) -> None:
+        self.generators.pop(self._generator_key(req), None)

@@ -89,5 +89,5 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     for row, gen in enumerate(batch.generators):
         if gen is not None:
             noise[row].exponential_(generator=gen)
-    sampled = (probs / noise).argmax(dim=-1)
+    sampled = (probs / noise.clamp_(min=1e-20)).argmax(dim=-1)
     return torch.where(batch.greedy, greedy_tokens, sampled)

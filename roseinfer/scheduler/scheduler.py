@@ -61,6 +61,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last is the newest
         self.num_preemptions = 0
         self.num_steps = 0
+        self._promised = 0
 
     # -- queue management -------------------------------------------------------------------------
 
@@ -121,7 +122,9 @@ class Scheduler:
             self.kv.register_scheduled(req, num_new)
             budget -= num_new
 
-        if not out.preempted:
+        # After a preemption nobody new joins, except when nothing is left to run: then the preempted
+        # request itself (now at the queue head) is re-admitted, with whatever prefix it still has cached.
+        if not out.preempted or not out.scheduled:
             self._admit(out, budget)
         out.blocks_to_copy = self.kv.take_copies()
         self.num_steps += 1
@@ -147,6 +150,7 @@ class Scheduler:
             self.waiting = deque(self.policy.order(list(self.waiting), hit, self.num_steps))
         # A static batch is formed whole: its members join now and prefill over the next steps.
         form_batch = mode != "continuous"
+        self._promised = 0  # blocks the members admitted so far still need for their whole prompts
         while self.waiting and len(self.running) < max_seqs and (budget > 0 or form_batch):
             req = self.waiting[0]
             hit = self.kv.admit(req)
@@ -173,9 +177,13 @@ class Scheduler:
             budget -= num_new
 
     def _fits_whole(self, req: Request) -> bool:
-        """Static batches admit a request only while the whole prompt still fits the free blocks."""
+        """Static batches admit a request only while its whole prompt, and every earlier member's, still
+        fit the free blocks."""
         missing = self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
-        return missing <= self.kv.num_free_blocks
+        if missing + self._promised > self.kv.num_free_blocks:
+            return False
+        self._promised += missing
+        return True
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
