@@ -132,6 +132,8 @@ class LLMEngine:
         """
         if not self.config.cache.enable_prefix_caching:
             raise ValueError("pinned prefixes need enable_prefix_caching=True")
+        if self.has_unfinished_requests():
+            raise RuntimeError("pin prefixes before adding requests: pinning steps the engine")
         ids = self.validate(prefix, SamplingParams(max_tokens=1))
         aligned = len(ids) - len(ids) % self.config.cache.block_size
         if aligned == 0:

@@ -135,6 +135,8 @@ class Scheduler:
         return candidates[-1]  # the newest request not yet given work this step
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        if not self.waiting:
+            return
         mode = self.config.mode
         max_seqs = 1 if mode == "naive" else self.config.max_num_seqs
         if mode != "continuous" and self.running:
@@ -151,8 +153,14 @@ class Scheduler:
         # A static batch is formed whole: its members join now and prefill over the next steps.
         form_batch = mode != "continuous"
         self._promised = 0  # blocks the members admitted so far still need for their whole prompts
-        while self.waiting and len(self.running) < max_seqs and (budget > 0 or form_batch):
+        # An n > 1 request forks into n sequences after its prefill: it takes n seats from admission on
+        # (all of them if it needs more than there are, once the batch is empty), so decode batches stay
+        # within max_num_seqs and the captured graphs.
+        taken = sum(self._seats(r) for r in self.running)
+        while self.waiting and taken < max_seqs and (budget > 0 or form_batch):
             req = self.waiting[0]
+            if self.running and taken + self._seats(req) > max_seqs:
+                break
             hit = self.kv.admit(req)
             num_new = req.num_tokens - req.num_computed_tokens
             fits = num_new <= budget or self.config.enable_chunked_prefill or form_batch
@@ -171,10 +179,15 @@ class Scheduler:
                 req.num_cached_tokens = req.num_computed_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            taken += self._seats(req)
             if num_new > 0:
                 out.scheduled.append(self._scheduled(req, num_new))
                 self.kv.register_scheduled(req, num_new)
             budget -= num_new
+
+    @staticmethod
+    def _seats(req: Request) -> int:
+        return req.params.n if req.parent is None and req.num_output_tokens == 0 else 1
 
     def _fits_whole(self, req: Request) -> bool:
         """Static batches admit a request only while its whole prompt, and every earlier member's, still

@@ -239,3 +239,15 @@ def test_same_step_hit_never_writes_into_a_fresh_block():
     check_step(sched, out)
     assert [s.num_new_tokens for s in out.scheduled] == [16, 4]  # b recomputes the last block itself
     assert b.block_ids[:3] == a.block_ids[:3] and b.block_ids[3] != a.block_ids[3]
+
+
+def test_n_samples_take_their_seats_at_admission():
+    kv = KVCacheManager(128, 4)
+    sched = Scheduler(SchedulerConfig(4, 1024), kv, 10_000)
+    for i in range(3):
+        sched.add_request(Request(str(i), [5 + i, 6, 7], SamplingParams(max_tokens=3, n=2)))
+    while sched.has_unfinished():
+        out = sched.schedule()
+        assert len(sched.running) <= 4
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        assert len(sched.running) <= 4
