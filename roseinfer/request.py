@@ -61,6 +61,7 @@ class Request:
         self.num_preemptions = 0
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_token_time: float | None = None
+        self.finished_time: float | None = None
         self.stop_reason: str | int | None = None
 
     @property

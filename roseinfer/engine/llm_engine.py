@@ -238,7 +238,11 @@ class _Group:
             outputs=[seq.output() for seq in self.seqs],
             finished=self.finished,
             num_cached_tokens=root.num_cached_tokens,
-            metrics=RequestMetrics(root.arrival_time, root.first_token_time),
+            metrics=RequestMetrics(
+                root.arrival_time,
+                root.first_token_time,
+                max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
+            ),
         )
 
 

@@ -6,6 +6,7 @@ Pure Python over ids and counts: no tensors. Each `schedule()` returns a plain `
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -82,6 +83,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req)
         req.status = status
+        req.finished_time = time.monotonic()
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, go back to the front of the queue."""

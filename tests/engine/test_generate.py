@@ -79,3 +79,11 @@ def test_chat_template_prompt(llm):
         0
     ]
     assert out.prompt_token_ids == ids and len(out.outputs[0].token_ids) == 5
+
+
+def test_metrics_carry_arrival_first_token_and_finish_times(llm):
+    out = llm.generate(
+        [[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )[0]
+    m = out.metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time
