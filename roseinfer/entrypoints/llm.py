@@ -126,6 +126,23 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def chat(
+        self,
+        conversations: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """`generate` over chat conversations ([{"role": ..., "content": ...}, ...]), rendered with the
+        tokenizer's chat template and a generation prompt."""
+        from roseinfer.tokenizer import apply_chat_template
+
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer with a chat template; this engine has none")
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts = [apply_chat_template(self.tokenizer, conv) for conv in conversations]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -166,7 +183,9 @@ class LLM:
                     if i is not None:
                         results[i] = out
                         # Requests that stop early: count their unused budget as done.
-                        unused = params[i].max_tokens * params[i].n - sum(len(c.token_ids) for c in out.outputs)
+                        unused = params[i].max_tokens * params[i].n - sum(
+                            len(c.token_ids) for c in out.outputs
+                        )
                         bar.update(unused)
                 bar.update(engine.num_generated_tokens - before)
         if errors:

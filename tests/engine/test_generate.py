@@ -87,3 +87,12 @@ def test_metrics_carry_arrival_first_token_and_finish_times(llm):
     )[0]
     m = out.metrics
     assert m.arrival_time <= m.first_token_time <= m.finished_time
+
+
+def test_chat_renders_the_template(llm):
+    messages = [{"role": "user", "content": "hi there"}]
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False)[
+        0
+    ]
+    assert out.prompt_token_ids == apply_chat_template(llm.tokenizer, messages)
+    assert len(out.outputs[0].token_ids) == 3
