@@ -106,7 +106,7 @@ def _require_cuda(device: str | torch.device) -> torch.device:
     return dev
 
 
-def _median_time(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int) -> float:
+def median_time(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int) -> float:
     """Median seconds of `fn` over `repeats` runs, each timed with CUDA events."""
     with torch.cuda.device(device):
         for _ in range(warmup):
@@ -139,7 +139,7 @@ def _time_copy(dev: torch.device, num_bytes: int, warmup: int, repeats: int) -> 
     src = torch.empty(num_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     src.fill_(1)
-    return _median_time(lambda: dst.copy_(src), dev, warmup, repeats)
+    return median_time(lambda: dst.copy_(src), dev, warmup, repeats)
 
 
 @torch.inference_mode()
@@ -162,4 +162,4 @@ def _time_matmul(dev: torch.device, dtype: torch.dtype, n: int, warmup: int, rep
     a = torch.randn(n, n, device=dev, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=dev, dtype=dtype, generator=gen)
     out = torch.empty(n, n, device=dev, dtype=dtype)
-    return _median_time(lambda: torch.matmul(a, b, out=out), dev, warmup, repeats)
+    return median_time(lambda: torch.matmul(a, b, out=out), dev, warmup, repeats)

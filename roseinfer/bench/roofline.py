@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Any
 
 import numpy as np
 import torch
 
-from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, measure_matmul_tflops
+from roseinfer.bench.env import (
+    bench_header,
+    format_header,
+    measure_copy_bandwidth,
+    measure_matmul_tflops,
+    median_time,
+)
 from roseinfer.config import ModelConfig
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.models.layers import ForwardContext
@@ -60,18 +65,8 @@ def prefill_flops(cfg: ModelConfig, n: int) -> float:
 
 
 def _time(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    """Median seconds of `fn` over `iters` CUDA-event-timed runs after 3 warm-ups."""
+    return median_time(fn, torch.device("cuda", torch.cuda.current_device()), warmup=3, repeats=iters)
 
 
 def decode_step(batch: int, context: int, block_size: int, vocab: int, rng: np.random.Generator) -> HostStep:
