@@ -66,6 +66,9 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     )
 
 
+ALIGN = 16  # int32 elements
+
+
 class Staging:
     """A pinned host buffer and a device buffer of int32: many arrays, one copy."""
 
@@ -82,16 +85,19 @@ class Staging:
         self.dev = self.host if self.device.type == "cpu" else torch.empty(capacity, dtype=torch.int32, device=self.device)
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        total = sum(a.size for a in arrays)
+        # Every view starts 64-byte aligned: Triton specialises kernels on pointer alignment, and views at
+        # step-dependent offsets would compile new variants in the middle of serving.
+        starts = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([-(-a.size // ALIGN) * ALIGN for a in arrays], out=starts[1:])
+        total = int(starts[-1])
         if total > self.host.numel():
             self._alloc(max(total, 2 * self.host.numel()))
         if self.copied is not None:
             self.copied.synchronize()  # a step with no host sync may still have its copy queued
-        views, offset = [], 0
-        for a in arrays:
+        views = []
+        for a, offset in zip(arrays, starts.tolist()):
             self.host_np[offset : offset + a.size] = a.ravel()
             views.append((offset, a.shape))
-            offset += a.size
         if self.dev is not self.host:
             self.dev[:total].copy_(self.host[:total], non_blocking=True)
             if self.copied is not None:
