@@ -203,5 +203,7 @@ class EngineConfig:
     tokenizer: str | None = None
     attention_backend: str = "torch"
     enforce_eager: bool = False
+    # Schedule step N+1 while step N runs on the device (its sampled ids are fed on the device).
+    async_scheduling: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings

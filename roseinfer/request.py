@@ -56,7 +56,13 @@ class Request:
         self.parent: Request | None = None  # set on the n-1 extra samples forked from an n > 1 request
         self.sample_index = 0
         self.enqueued_step = 0  # scheduler step at which it first entered the waiting queue (its age)
-        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_computed_tokens = (
+            0  # tokens whose KV is in the cache, or is being written by a launched step
+        )
+        # Tokens sampled by a launched step whose ids the host does not know yet (async scheduling); they
+        # follow all_token_ids. The latest one is row `pending_row` of that step's sampled tokens.
+        self.num_pending = 0
+        self.pending_row = -1
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at first admission
         self.num_preemptions = 0
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
@@ -70,11 +76,12 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        """Known tokens plus pending ones: what the scheduler plans with."""
+        return len(self.all_token_ids) + self.num_pending
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def is_finished(self) -> bool:
@@ -91,14 +98,19 @@ class Request:
             self.first_token_time = time.monotonic()
 
     def check_stop_token(self, max_model_len: int) -> RequestStatus | None:
-        """Stop conditions that need no text: stop/eos token ids, max_tokens, context length."""
+        """Stop conditions that need no text: stop/eos token ids, max_tokens, context length (known
+        tokens only: a pending token after a stop is dropped)."""
         last = self.output_token_ids[-1]
         if last in self.params.stop_token_ids or last in self.eos_token_ids:
             self.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len:
+        if len(self.output_token_ids) >= self.params.max_tokens or len(self.all_token_ids) >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def reached_length_limit(self, max_model_len: int) -> bool:
+        """Counting pending tokens: no further token may be scheduled (the last is still in flight)."""
+        return self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len
 
     def __repr__(self) -> str:
         return (

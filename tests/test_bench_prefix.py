@@ -35,6 +35,8 @@ ARGV = [
     "bench", "prefix", "--model-shape", "tiny-llama", "--workload", "all",
     "--num-requests", "4", "--max-prompt-len", "70", "--max-output-len", "3",
     "--max-num-batched-tokens", "96", "--warmup-requests", "1", "--rates", ",".join(map(str, RATES)),
+    # Two waves of W5: the second hits the first's shared partial block and copies it.
+    "--max-num-seqs", "2",
     "--cow-blocks", "4", "--cow-iters", "3", "--repeats", "1", "--no-progress",
 ]  # fmt: skip
 

@@ -16,9 +16,7 @@ class Probe:
     copy-on-write copies and their batched launches, and takes the run's share of the KV manager's
     prefix-cache counters.
 
-    `EngineCore.stats` classifies a step after it ran, when a request whose prompt was a full cache hit
-    (one token left to compute) already holds its first output token: such steps count as decode there.
-    Here the prompt work is read from the schedule, before the step runs.
+    Like `EngineCore.stats`, a step counts as prefill when its schedule computes prompt tokens.
     """
 
     def __init__(self, engine: LLMEngine) -> None:
@@ -55,12 +53,7 @@ class Probe:
 
     def _on_schedule(self) -> SchedulerOutput:
         out = self._schedule()
-        n = 0
-        for s in out.scheduled:
-            r = s.request
-            done = r.num_computed_tokens
-            n += max(0, min(done + s.num_new_tokens, r.num_prompt_tokens) - done)
-        self._step_prompt_tokens += n
+        self._step_prompt_tokens += out.num_prompt_tokens
         return out
 
     def _on_step(self) -> tuple[list[Request], list[Request]]:

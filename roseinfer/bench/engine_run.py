@@ -90,6 +90,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "enable_prefix_caching",
         "enable_chunked_prefill",
         "max_model_len",
+        "async_scheduling",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -120,3 +121,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     if prefix_caching_flag:
         engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    engine.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="schedule the next step while the current one runs (default on)",
+    )

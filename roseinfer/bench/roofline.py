@@ -80,6 +80,7 @@ def decode_step(batch: int, context: int, block_size: int, vocab: int, rng: np.r
         slot_mapping=slots.astype(np.int32),
         query_start_loc=np.arange(batch + 1, dtype=np.int32),
         seq_lens=np.full(batch, context, np.int32),
+        logits_index=np.arange(batch, dtype=np.int32),
         block_tables=tables,
         max_query_len=1,
     )
@@ -129,7 +130,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
 
     def eager_logits(step: HostStep) -> torch.Tensor:
-        ids, pos, meta = upload_step(step, runner.staging)
+        ids, pos, meta, _ = upload_step(step, runner.staging)
         hidden = runner.model(ids, pos, ForwardContext(runner.kv_cache, meta, runner.backend))
         return runner.model.compute_logits(
             hidden[-step.num_seqs :] if step.max_query_len == 1 else hidden[-1:]
@@ -145,8 +146,10 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             graphs = runner.graphs
             use_graph = graphs is not None and graphs.can_run(step)
-            run_step = graphs.run if use_graph else eager_logits
-            seconds = _time(lambda run_step=run_step, step=step: run_step(step), args.iters)
+            if use_graph:
+                seconds = _time(lambda step=step, g=graphs: g.run(step, runner.staging, None), args.iters)
+            else:
+                seconds = _time(lambda step=step: eager_logits(step), args.iters)
             floor_bytes = weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(
                 runner.dtype
             )

@@ -11,9 +11,9 @@ from roseinfer.config import EngineConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.profiling import record
 from roseinfer.request import Request, RequestStatus
-from roseinfer.runner.model_runner import ModelRunner
+from roseinfer.runner.model_runner import ModelRunner, StepFuture
 from roseinfer.scheduler.policy import AdmissionPolicy
-from roseinfer.scheduler.scheduler import Scheduler
+from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass
@@ -42,6 +42,7 @@ class EngineCore:
             config.scheduler, self.kv, config.max_model_len, AdmissionPolicy(config.scheduler.policy)
         )
         self.stats = StepStats()
+        self.inflight: tuple[SchedulerOutput, StepFuture] | None = None  # launched, tokens not applied yet
 
     @property
     def num_blocks(self) -> int:
@@ -55,10 +56,14 @@ class EngineCore:
         self.runner.release(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.inflight is not None
 
     def step(self) -> tuple[list[Request], list[Request]]:
-        """Runs one step; returns (requests that got a token, requests that finished in it)."""
+        """Runs one step; returns (requests that got a token, requests that finished in it).
+
+        With async scheduling the tokens returned are those of the step launched by the previous call:
+        this call schedules and launches the next step first, so the device never waits for the host.
+        """
         with record("step"):
             return self._step()
 
@@ -67,24 +72,37 @@ class EngineCore:
         with record("schedule"):
             out = self.scheduler.schedule()
         if out.is_empty:
+            if self.inflight is not None:  # nothing can be scheduled until the step in flight is known
+                return self._resolve()
             if self.scheduler.running or self.scheduler.waiting:
                 head = self.scheduler.waiting[0] if self.scheduler.waiting else self.scheduler.running[0]
                 raise RuntimeError(
                     f"scheduler made no progress with {head} (KV pool of {self.num_blocks} blocks)"
                 )
             return [], []
-        has_prefill = out.has_prefill  # read before the update appends the first tokens
-        prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if s.request.num_output_tokens == 0)
-        sampled = self.runner.execute(out)
+        future = self.runner.launch(out)
+        got, finished = self._resolve() if self.inflight is not None else ([], [])
+        self.inflight = (out, future)
+        if not self.config.async_scheduling or out.forks:  # forks join the running set in the update
+            more_got, more_finished = self._resolve()
+            got, finished = got + more_got, finished + more_finished
+        dt = time.perf_counter() - t0
+        self.stats.num_steps += 1
+        if out.has_prefill:
+            self.stats.prefill_time += dt
+            self.stats.num_prompt_tokens_computed += out.num_prompt_tokens
+        else:
+            self.stats.decode_time += dt
+        return got, finished
+
+    def _resolve(self) -> tuple[list[Request], list[Request]]:
+        """Waits for the step in flight and applies its tokens."""
+        assert self.inflight is not None
+        out, future = self.inflight
+        self.inflight = None
+        sampled = future.result()
         with record("update"):
             got, finished = self.scheduler.update_from_output(out, sampled)
         for req in finished:
             self.runner.release(req)
-        dt = time.perf_counter() - t0
-        self.stats.num_steps += 1
-        if has_prefill:
-            self.stats.prefill_time += dt
-            self.stats.num_prompt_tokens_computed += prompt_tokens
-        else:
-            self.stats.decode_time += dt
         return got, finished

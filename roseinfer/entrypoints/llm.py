@@ -45,6 +45,7 @@ def make_engine_config(
     max_model_len: int | None = None,
     attention_backend: str | None = None,
     enforce_eager: bool = False,
+    async_scheduling: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
     path = resolve_model_path(model, need_weights=load_format != "dummy")
@@ -77,6 +78,7 @@ def make_engine_config(
         tokenizer=tokenizer,
         attention_backend=attention_backend,
         enforce_eager=enforce_eager,
+        async_scheduling=async_scheduling,
         seed=seed,
         max_model_len=max_len,
     )

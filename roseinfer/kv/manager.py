@@ -76,11 +76,12 @@ class KVCacheManager:
                 break
             blocks.append(b)
         num_tokens = len(blocks) * self.block_size
-        if len(blocks) == len(req.block_hashes) and num_tokens < req.num_tokens:
-            b = cached.get(self._partial_key(req, req.num_tokens))
+        known = len(req.all_token_ids)  # a pending token's id is not known: it cannot be looked up
+        if len(blocks) == len(req.block_hashes) and num_tokens < known:
+            b = cached.get(self._partial_key(req, known))
             if b is not None:
                 blocks.append(b)
-                num_tokens = req.num_tokens
+                num_tokens = known
         return blocks, num_tokens
 
     def admit(self, req: Request) -> int:
@@ -147,18 +148,27 @@ class KVCacheManager:
 
     def register_scheduled(self, req: Request, num_new_tokens: int) -> None:
         """Register the full blocks this step completes for `req` (which is scheduled for sure)."""
+        self._register(req, req.num_computed_tokens + num_new_tokens, fresh=True)
+
+    def register_computed(self, req: Request) -> None:
+        """Register full blocks that were computed (or are being, by a launched step) but could not be
+        keyed when scheduled, because their last token was still pending then."""
+        self._register(req, req.num_computed_tokens, fresh=False)
+
+    def _register(self, req: Request, num_tokens: int, fresh: bool) -> None:
         if not self.enable_prefix_caching:
             return
-        full = (req.num_computed_tokens + num_new_tokens) // self.block_size
+        full = num_tokens // self.block_size
         if full <= req.num_registered_blocks:
             return
-        hashes = self._hashes(req)
+        hashes = self._hashes(req)  # full blocks of known tokens only
+        full = min(full, len(hashes))
         for i in range(req.num_registered_blocks, full):
             block = req.block_ids[i]
             self.pool.set_hash(block, hashes[i], self.block_size)
-            if self.pool.block_hash[block] == hashes[i]:
+            if fresh and self.pool.block_hash[block] == hashes[i]:
                 self.fresh.add(block)
-        req.num_registered_blocks = full
+        req.num_registered_blocks = max(req.num_registered_blocks, full)
 
     def on_prompt_computed(self, req: Request) -> None:
         """Register the partly filled last prompt block once its KV exists: identical prompts and n > 1

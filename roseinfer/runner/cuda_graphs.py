@@ -10,10 +10,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
-from roseinfer.runner.inputs import HostStep, Staging
+from roseinfer.runner.inputs import HostStep, Staging, fill_pending
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -45,7 +46,6 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(g + 1, **i32)
         self.block_tables = torch.zeros(g, w, **i32)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.staging = Staging(device)
 
     def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -82,15 +82,26 @@ class DecodeGraphs:
             and step.block_tables.shape[1] <= self.width
         )
 
-    def run(self, step: HostStep) -> torch.Tensor:
-        """Replays the smallest graph that fits; returns logits [num_seqs, V] (a view: read before the next step)."""
+    def run(self, step: HostStep, staging: Staging, prev_sampled: torch.Tensor | None) -> torch.Tensor:
+        """Replays the smallest graph that fits; returns the logits of the sampled rows [R, V] (may be a
+        view of the graph's output: read it before the next replay)."""
         b = step.num_seqs
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
         w = step.block_tables.shape[1]
-        ids, pos, slots, seq_lens, tables = self.staging.upload(
-            [step.input_ids, step.positions, step.slot_mapping, step.seq_lens, step.block_tables]
+        ids, pos, slots, seq_lens, tables, fill_index, fill_row, logits_index = staging.upload(
+            [
+                step.input_ids,
+                step.positions,
+                step.slot_mapping,
+                step.seq_lens,
+                step.block_tables,
+                step.fill_index,
+                step.fill_row,
+                step.logits_index,
+            ]
         )
         self.ids[:b].copy_(ids)
+        fill_pending(self.ids, fill_index, fill_row, prev_sampled)
         self.positions[:b].copy_(pos)
         self.slots[:b].copy_(slots)
         self.seq_lens[:b].copy_(seq_lens)
@@ -100,4 +111,6 @@ class DecodeGraphs:
             self.seq_lens[b:size].zero_()
         graph, logits = self.graphs[size]
         graph.replay()
-        return logits[:b]
+        if len(step.logits_index) == b and (step.logits_index == np.arange(b)).all():
+            return logits[:b]  # every row samples once: no gather
+        return logits[logits_index.long()]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -15,13 +15,18 @@ from roseinfer.scheduler.scheduler import SchedulerOutput
 class HostStep:
     """One step's batch as host arrays (int32), before it goes to the device."""
 
-    input_ids: np.ndarray  # [T]
+    input_ids: np.ndarray  # [T]; 0 at pending positions (filled on the device)
     positions: np.ndarray  # [T]
     slot_mapping: np.ndarray  # [T]
     query_start_loc: np.ndarray  # [B + 1]
     seq_lens: np.ndarray  # [B]
     block_tables: np.ndarray  # [B, W]
     max_query_len: int
+    # Input rows whose token is still pending, and where the previous step's sampled tokens hold it.
+    fill_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [F]
+    fill_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [F]
+    # The row of each sampled token's logits (a sequence's last new token, once per sample).
+    logits_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
 
     @property
     def num_tokens(self) -> int:
@@ -33,37 +38,66 @@ class HostStep:
 
 
 def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
+    """Call after `schedule()` committed `out`: each request's new tokens start at `ScheduledRequest.start`."""
     sched = out.scheduled
     n = len(sched)
-    starts = np.fromiter((s.request.num_computed_tokens for s in sched), np.int64, n)
+    starts = np.fromiter((s.start for s in sched), np.int64, n)
     lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)
     cu = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
     width = max(len(s.request.block_ids) for s in sched)
     tables = np.zeros((n, width), np.int32)
+    # A pending token (async scheduling) is the last of its request's new tokens; its id is on the device.
+    known = np.fromiter((len(s.request.all_token_ids) for s in sched), np.int64, n)
+    pending = starts + lens > known
     if int(lens.max()) == 1:  # decode: one token per request, no slicing
-        # The token at num_computed_tokens: the last one for a decode, the next one for a 1-token prompt chunk.
-        ids = np.fromiter((s.request.all_token_ids[s.request.num_computed_tokens] for s in sched), np.int64, n)
+        # The token at `start`: the last one for a decode, the next one for a 1-token prompt chunk.
+        ids = np.fromiter(
+            (
+                t[c] if c < len(t) else 0
+                for t, c in zip((s.request.all_token_ids for s in sched), starts.tolist())
+            ),
+            np.int64,
+            n,
+        )
         for i, s in enumerate(sched):
             tables[i, : len(s.request.block_ids)] = s.request.block_ids
     else:
-        ids = np.empty(int(cu[-1]), np.int64)
+        ids = np.zeros(int(cu[-1]), np.int64)
         for i, s in enumerate(sched):
             r = s.request
-            ids[cu[i] : cu[i + 1]] = r.all_token_ids[starts[i] : starts[i] + lens[i]]
+            seg = r.all_token_ids[starts[i] : starts[i] + lens[i]]
+            ids[cu[i] : cu[i] + len(seg)] = seg
             tables[i, : len(r.block_ids)] = r.block_ids
     seq_of_token = np.repeat(np.arange(n), lens)
     positions = np.arange(int(cu[-1])) - cu[:-1][seq_of_token] + starts[seq_of_token]
-    slots = tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    slots = (
+        tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    )
+    samples = np.fromiter((s.num_samples for s in sched), np.int64, n)
+    i32 = np.int32
     return HostStep(
-        input_ids=ids.astype(np.int32),
-        positions=positions.astype(np.int32),
-        slot_mapping=slots.astype(np.int32),
-        query_start_loc=cu.astype(np.int32),
-        seq_lens=(starts + lens).astype(np.int32),
+        input_ids=ids.astype(i32),
+        positions=positions.astype(i32),
+        slot_mapping=slots.astype(i32),
+        query_start_loc=cu.astype(i32),
+        seq_lens=(starts + lens).astype(i32),
         block_tables=tables,
         max_query_len=int(lens.max()),
+        fill_index=(cu[1:] - 1)[pending].astype(i32),
+        fill_row=np.fromiter((s.request.pending_row for s, p in zip(sched, pending) if p), i32),
+        logits_index=np.repeat(cu[1:] - 1, samples).astype(i32),
     )
+
+
+def fill_pending(
+    ids: torch.Tensor, fill_index: torch.Tensor, fill_row: torch.Tensor, prev: torch.Tensor | None
+) -> None:
+    """Write the previous step's sampled tokens (still on the device) into the rows that feed them."""
+    if fill_index.numel():
+        if prev is None:
+            raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
+        ids[fill_index.long()] = prev[fill_row.long()]
 
 
 ALIGN = 16  # int32 elements
@@ -82,7 +116,11 @@ class Staging:
     def _alloc(self, capacity: int) -> None:
         self.host = torch.empty(capacity, dtype=torch.int32, pin_memory=self.pin)
         self.host_np = self.host.numpy()
-        self.dev = self.host if self.device.type == "cpu" else torch.empty(capacity, dtype=torch.int32, device=self.device)
+        self.dev = (
+            self.host
+            if self.device.type == "cpu"
+            else torch.empty(capacity, dtype=torch.int32, device=self.device)
+        )
 
     def upload(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         # Every view starts 64-byte aligned: Triton specialises kernels on pointer alignment, and views at
@@ -105,10 +143,24 @@ class Staging:
         return [self.dev[o : o + int(np.prod(shape))].view(shape) for o, shape in views]
 
 
-def upload_step(step: HostStep, staging: Staging) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    ids, pos, slots, qsl, seq_lens, tables = staging.upload(
-        [step.input_ids, step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.block_tables]
+def upload_step(
+    step: HostStep, staging: Staging, prev_sampled: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """(input ids, positions, metadata, logits rows), with pending input ids filled from `prev_sampled`."""
+    ids, pos, slots, qsl, seq_lens, tables, fill_index, fill_row, logits_index = staging.upload(
+        [
+            step.input_ids,
+            step.positions,
+            step.slot_mapping,
+            step.query_start_loc,
+            step.seq_lens,
+            step.block_tables,
+            step.fill_index,
+            step.fill_row,
+            step.logits_index,
+        ]
     )
+    fill_pending(ids, fill_index, fill_row, prev_sampled)
     meta = AttentionMetadata(
         slot_mapping=slots,
         query_start_loc=qsl,
@@ -119,4 +171,4 @@ def upload_step(step: HostStep, staging: Staging) -> tuple[torch.Tensor, torch.T
         query_start_loc_cpu=step.query_start_loc.tolist(),
         seq_lens_cpu=step.seq_lens.tolist(),
     )
-    return ids, pos, meta
+    return ids, pos, meta, logits_index

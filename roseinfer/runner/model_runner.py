@@ -19,6 +19,31 @@ from roseinfer.runner.sampler import SamplingBatch, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 
+class StepFuture:
+    """A launched step's sampled tokens, on their way to the host."""
+
+    def __init__(
+        self, num_scheduled: int, rows: list[int], tokens: torch.Tensor | None, done: torch.cuda.Event | None
+    ) -> None:
+        self.num_scheduled = num_scheduled
+        self.rows = rows  # the scheduled request of each sampled token
+        self.tokens = tokens  # host tensor, valid once `done` has passed
+        self.done = done
+
+    def result(self) -> list[list[int]]:
+        """Waits for the step; returns the tokens of each scheduled request (empty where it did not sample)."""
+        out: list[list[int]] = [[] for _ in range(self.num_scheduled)]
+        if self.tokens is None:
+            return out
+        with record("wait_device"):
+            if self.done is not None:
+                self.done.synchronize()
+            tokens = self.tokens.tolist()
+        for i, tok in zip(self.rows, tokens):
+            out[i].append(tok)
+        return out
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: str, model: nn.Module | None = None) -> None:
         self.config = config
@@ -34,7 +59,10 @@ class ModelRunner:
         self.backend = get_backend(config.attention_backend)
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}
-        self.staging = Staging(self.device)
+        self.staging = Staging(self.device)  # start-up profiling and benchmarks
+        self.stagings = (Staging(self.device), Staging(self.device))  # alternate launches
+        self.num_launches = 0
+        self.last_sampled: torch.Tensor | None = None  # the latest launch's sampled tokens, on the device
         self.copy_staging = Staging(self.device, capacity=1024)
         self.graphs: DecodeGraphs | None = None
 
@@ -78,7 +106,7 @@ class ModelRunner:
             block_tables=np.arange(num_blocks, dtype=i32)[None],
             max_query_len=num_tokens,
         )
-        ids, pos, meta = upload_step(step, self.staging)
+        ids, pos, meta, _ = upload_step(step, self.staging)
         hidden = self.model(ids, pos, ForwardContext(self.kv_cache, meta, self.backend))
         logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
         del hidden, logits
@@ -96,9 +124,14 @@ class ModelRunner:
     # -- one step ---------------------------------------------------------------------------------
 
     def prepare_inputs(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        return upload_step(build_host_step(out, self.block_size), self.staging)
+        ids, positions, meta, _ = upload_step(
+            build_host_step(out, self.block_size), self.staging, self.last_sampled
+        )
+        return ids, positions, meta
 
-    def _forward_logits(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _forward_logits(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """Every row's logits (used by the decode graphs, where every row samples)."""
         hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
         return self.model.compute_logits(hidden)
@@ -122,44 +155,54 @@ class ModelRunner:
         (idx,) = self.copy_staging.upload([np.asarray(pairs, dtype=np.int32).T.copy()])
         self.backend.copy_blocks(self.kv_cache, idx[0].long(), idx[1].long())
 
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
-        """Runs one step; returns the sampled tokens of each scheduled request (empty if it did not sample)."""
+        """Runs one step and waits for it; returns the sampled tokens of each scheduled request."""
+        return self.launch(out).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepFuture:
+        """Queues one step on the device without waiting for it. Input ids still pending on the host are
+        taken from the previous launch's sampled tokens, which stay on the device."""
         assert self.kv_cache is not None, "allocate_kv_cache() first"
         if out.blocks_to_copy:
             with record("copy_blocks"):
                 self.copy_blocks(out.blocks_to_copy)
+        staging = self.stagings[self.num_launches % 2]  # the other one may still be feeding a queued step
+        self.num_launches += 1
         with record("prepare_inputs"):
             step = build_host_step(out, self.block_size)
-            rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
             use_graph = self.graphs is not None and self.graphs.can_run(step)
             if not use_graph:
-                ids, positions, meta = upload_step(step, self.staging)
-        result: list[list[int]] = [[] for _ in out.scheduled]
+                ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled)
+        rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
         with record("forward"):
             if use_graph:
-                logits = self.graphs.run(step)
-                if rows != list(range(step.num_seqs)):  # some rows do not sample, or sample n > 1 times
-                    logits = logits[torch.tensor(rows, device=self.device)]
+                logits = self.graphs.run(step, staging, self.last_sampled)
             else:
                 hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
                 if rows:
-                    last = step.query_start_loc[1:][rows] - 1
-                    logits = self.model.compute_logits(hidden[torch.from_numpy(last).to(self.device)])
+                    logits = self.model.compute_logits(hidden[logits_index.long()])
         if not rows:
-            return result
+            return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):
             reqs = [out.scheduled[i].request for i in rows]
             seen: dict[int, int] = {}
             gens = []
-            for i, r in zip(rows, reqs):
-                k = seen[i] = seen.get(i, -1) + 1  # the k-th sample of this row: child k of a fork
-                gens.append(self._generator(r, k))
+            for k, (i, r) in enumerate(zip(rows, reqs)):
+                j = seen[i] = seen.get(i, -1) + 1  # the j-th sample of this row: child j of a fork
+                gens.append(self._generator(r, j))
+                if j == 0:
+                    r.pending_row = k
             batch = SamplingBatch.build([r.params for r in reqs], gens, self.cfg.vocab_size, self.device)
-            tokens = sample(logits, batch).tolist()
-        for i, tok in zip(rows, tokens):
-            result[i].append(tok)
-        return result
+            tokens = sample(logits, batch).to(torch.int32)
+            self.last_sampled = tokens
+            if self.device.type != "cuda":
+                return StepFuture(len(out.scheduled), rows, tokens, None)
+            host = torch.empty(tokens.shape, dtype=torch.int32, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        return StepFuture(len(out.scheduled), rows, host, done)
 
     def _generator(self, req: Request, fork_index: int = 0) -> torch.Generator | None:
         """The sample's own generator when seeded. Keyed by the engine's internal request uid (user ids

@@ -37,8 +37,10 @@ class SamplingBatch:
         use_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
 
+        pin = device.type == "cuda"  # a copy from pageable memory would wait for the queued steps
+
         def t(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return torch.tensor(values, dtype=dtype, pin_memory=pin).to(device, non_blocking=True)
 
         return SamplingBatch(
             temperature=t(temps, torch.float32),

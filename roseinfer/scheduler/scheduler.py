@@ -1,7 +1,11 @@
 """Continuous batching under a token budget, plus the naive and static baselines.
 
-Pure Python over ids and counts: no tensors. Each `schedule()` returns a plain `SchedulerOutput`;
-`update_from_output()` appends the sampled tokens and applies the stop conditions that need no text.
+Pure Python over ids and counts: no tensors. Each `schedule()` returns a plain `SchedulerOutput` and
+commits it: computed counts advance and every sampling request gets a pending token. Later,
+`update_from_output()` turns the pending tokens into sampled ids and applies the stop conditions that
+need no text. With async scheduling the next `schedule()` runs before that update: a pending token is
+then fed to the next step from the device, and a request whose pending token reaches its length limit
+is not scheduled again.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from roseinfer.scheduler.policy import AdmissionPolicy
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int  # tokens fed this step, starting at request.num_computed_tokens
+    num_new_tokens: int  # tokens fed this step, starting at `start`
     num_samples: int  # 0: the chunk ends inside known tokens; 1; or n for the prefill of an n > 1 request
+    start: int = 0  # request.num_computed_tokens when it was scheduled
 
     @property
     def sample(self) -> bool:
@@ -32,6 +37,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): one batched copy
+    num_prompt_tokens: int = 0  # tokens of prompts (not of generated text) computed this step
 
     @property
     def num_tokens(self) -> int:
@@ -39,7 +45,12 @@ class SchedulerOutput:
 
     @property
     def has_prefill(self) -> bool:
-        return any(s.num_new_tokens > 1 or s.request.num_output_tokens == 0 for s in self.scheduled)
+        return self.num_prompt_tokens > 0 or any(s.num_new_tokens > 1 for s in self.scheduled)
+
+    @property
+    def forks(self) -> bool:
+        """Some request samples n > 1 tokens: its forks appear only once the step's tokens are known."""
+        return any(s.num_samples > 1 for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -110,6 +121,8 @@ class Scheduler:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if req.num_pending and req.reached_length_limit(self.max_model_len):
+                continue  # its last token is in flight: the update finishes it
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.kv.allocate_slots(req, num_new):
                 victim = self._pick_victim(scheduled)
@@ -129,8 +142,19 @@ class Scheduler:
         if not out.preempted or not out.scheduled:
             self._admit(out, budget)
         out.blocks_to_copy = self.kv.take_copies()
+        self._commit(out)
         self.num_steps += 1
         return out
+
+    @staticmethod
+    def _commit(out: SchedulerOutput) -> None:
+        for s in out.scheduled:
+            req = s.request
+            s.start = req.num_computed_tokens
+            out.num_prompt_tokens += max(0, min(req.num_prompt_tokens, s.start + s.num_new_tokens) - s.start)
+            req.num_computed_tokens += s.num_new_tokens
+            if s.num_samples:
+                req.num_pending += 1  # n > 1: the forks get theirs in the update
 
     def _pick_victim(self, scheduled: set[int]) -> Request:
         candidates = [r for r in self.running if id(r) not in scheduled]
@@ -161,6 +185,8 @@ class Scheduler:
         taken = sum(self._seats(r) for r in self.running)
         while self.waiting and taken < max_seqs and (budget > 0 or form_batch):
             req = self.waiting[0]
+            if req.num_pending:
+                break  # preempted with a token in flight: it rejoins once that token is known
             if self.running and taken + self._seats(req) > max_seqs:
                 break
             hit = self.kv.admit(req)
@@ -217,11 +243,18 @@ class Scheduler:
         got, finished = [], []
         for s, tokens in zip(out.scheduled, sampled, strict=True):
             req = s.request
-            before = req.num_computed_tokens
-            req.num_computed_tokens += s.num_new_tokens
+            if len(tokens) != s.num_samples:
+                raise ValueError(f"{req} sampled {len(tokens)} tokens, {s.num_samples} were scheduled")
+            if tokens:
+                req.num_pending -= 1
             if req.is_finished:
-                continue
-            if before < req.num_prompt_tokens <= req.num_computed_tokens:
+                continue  # finished (or aborted) while this step was in flight: its token is dropped
+            prompt = req.num_prompt_tokens
+            if (
+                s.start < prompt <= s.start + s.num_new_tokens
+                and req.status == RequestStatus.RUNNING
+                and req.num_computed_tokens >= prompt  # not re-admitted after a preemption meanwhile
+            ):
                 self.kv.on_prompt_computed(req)
             if not tokens:
                 continue
@@ -233,6 +266,8 @@ class Scheduler:
                 if status is not None:
                     self.finish(member, status)
                     finished.append(member)
+            if req.status == RequestStatus.RUNNING:
+                self.kv.register_computed(req)  # blocks whose last token was pending when scheduled
         return got, finished
 
     def _fork(self, parent: Request, index: int) -> Request:

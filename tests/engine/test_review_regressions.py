@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
-from roseinfer.runner.inputs import Staging, upload_step
+from roseinfer.runner.cuda_graphs import DecodeGraphs
+from roseinfer.runner.inputs import build_host_step
 from roseinfer.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from tests.models.tiny_models import save_hf_model
 
@@ -46,13 +48,26 @@ def test_graph_path_gathers_rows_when_counts_happen_to_match(llama_dir):
     llm = make(llama_dir)
     runner, kv = llm.engine.core.runner, llm.engine.core.kv
 
-    class AllRowLogits:  # what a captured decode graph returns: every row's logits
-        def can_run(self, step):
-            return step.max_query_len == 1
+    # The real DecodeGraphs.run on the CPU: a "graph" whose replay runs the forward on the graph buffers.
+    graphs = DecodeGraphs(
+        runner._forward_logits, runner.device, 4, runner.max_blocks_per_seq, runner.block_size
+    )
 
-        def run(self, step):
-            ids_, pos, meta = upload_step(step, Staging(runner.device))
-            return runner._forward_logits(ids_, pos, meta)
+    class Replay:
+        def __init__(self, size: int) -> None:
+            self.size = size
+            self.logits = torch.zeros(size, runner.cfg.vocab_size)
+
+        def replay(self) -> None:
+            g, n = graphs, self.size
+            meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
+            meta.seq_lens_cpu = g.seq_lens[:n].tolist()
+            meta.max_seq_len = max(meta.seq_lens_cpu)
+            self.logits.copy_(runner._forward_logits(g.ids[:n], g.positions[:n], meta))
+
+    for size in graphs.sizes:
+        replay = Replay(size)
+        graphs.graphs[size] = (replay, replay.logits)
 
     a = Request("A", [30, 31, 32, 33, 34, 35], greedy(4))
     b = Request("B", [40, 41, 42, 43, 44], greedy(4, n=2))
@@ -60,9 +75,11 @@ def test_graph_path_gathers_rows_when_counts_happen_to_match(llama_dir):
         assert kv.allocate_slots(r, r.num_tokens)
         r.num_computed_tokens = done
         r.status = RequestStatus.RUNNING
-    out = SchedulerOutput([ScheduledRequest(a, 1, 0), ScheduledRequest(b, 1, 2)])
+    out = SchedulerOutput([ScheduledRequest(a, 1, 0, start=2), ScheduledRequest(b, 1, 2, start=4)])
     eager = runner.execute(out)
-    runner.graphs = AllRowLogits()
+    assert [len(t) for t in eager] == [0, 2]
+    runner.graphs = graphs
+    assert graphs.can_run(build_host_step(out, runner.block_size))
     assert runner.execute(out) == eager
 
 

@@ -13,6 +13,7 @@ from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler
+from tests.scheduler.driver import Driver
 
 
 def check_step(sched: Scheduler, out) -> None:
@@ -21,8 +22,8 @@ def check_step(sched: Scheduler, out) -> None:
     writers = []
     for s in out.scheduled:
         r = s.request
-        for pos in range(r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens, 1):
-            if pos == r.num_computed_tokens or pos % bs == 0:
+        for pos in range(s.start, s.start + s.num_new_tokens, 1):
+            if pos == s.start or pos % bs == 0:
                 writers.append((r, pos))
     sched.kv.check_invariants(sched.running, writers)
     dsts = [d for _, d in out.blocks_to_copy]
@@ -30,7 +31,7 @@ def check_step(sched: Scheduler, out) -> None:
     assert len(set(dsts)) == len(dsts) and not set(dsts) & set(srcs)
 
 
-def run_stream(seed: int) -> KVCacheManager:
+def run_stream(seed: int, async_: bool = False) -> KVCacheManager:
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 8])
     num_blocks = rng.randint(12, 80)
@@ -39,6 +40,7 @@ def run_stream(seed: int) -> KVCacheManager:
     sched = Scheduler(
         SchedulerConfig(rng.randint(1, 6), rng.choice([3, 8, 64]), "continuous"), kv, 10_000, policy
     )
+    driver = Driver(sched, async_)
     bases = [[rng.randint(10, 60) for _ in range(rng.randint(1, 30))] for _ in range(3)]
     pool_tokens = num_blocks * bs
     reqs, next_id = [], 0
@@ -57,25 +59,20 @@ def run_stream(seed: int) -> KVCacheManager:
             next_id += 1
             reqs.append(req)
             sched.add_request(req)
-        if not sched.has_unfinished():
+        if not driver.has_unfinished():
             continue
-        out = sched.schedule()
-        check_step(sched, out)
-        got, _ = sched.update_from_output(
-            out, [[rng.randint(10, 60) for _ in range(s.num_samples)] for s in out.scheduled]
-        )
-        reqs.extend(r for r in got if r.parent is not None and r not in reqs)
+        driver.step(lambda: rng.randint(10, 60), lambda out: check_step(sched, out))
+        reqs.extend(r for r in driver.got if r.parent is not None and r not in reqs)
         sched.check_invariants()
         if rng.random() < 0.05 and sched.running:
             sched._preempt(rng.choice(sched.running))
             sched.check_invariants()
     for _ in range(2000):
-        if not sched.has_unfinished():
+        if not driver.has_unfinished():
             break
-        out = sched.schedule()
-        check_step(sched, out)
-        sched.update_from_output(out, [[11] * s.num_samples for s in out.scheduled])
-    assert not sched.has_unfinished()
+        driver.step(lambda: 11, lambda out: check_step(sched, out))
+        reqs.extend(r for r in driver.got if r.parent is not None and r not in reqs)
+    assert not driver.has_unfinished()
     for r in reqs:
         assert r.is_finished and not r.block_ids
     assert kv.num_free_blocks == num_blocks  # all blocks back, some still cached for reuse
@@ -83,9 +80,10 @@ def run_stream(seed: int) -> KVCacheManager:
     return kv
 
 
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("seed", range(30))
-def test_random_shared_prefix_streams(seed):
-    run_stream(seed)
+def test_random_shared_prefix_streams(seed, async_):
+    run_stream(seed, async_)
 
 
 def test_streams_actually_hit_and_copy():
@@ -195,7 +193,7 @@ def test_lpm_prefers_hits_but_ages_cold_requests():
         admitted += [
             s.request.request_id
             for s in out.scheduled
-            if s.request.num_output_tokens == 0 and s.request.request_id not in admitted
+            if not s.request.output_token_ids and s.request.request_id not in admitted
         ]
         sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
     assert admitted[0] == "warm0"  # a hit goes ahead of the older cold request

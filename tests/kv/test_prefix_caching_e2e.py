@@ -115,7 +115,7 @@ def test_n_samples_prefill_once_and_share_blocks(llama_dir):
     assert all(pool.ref_counts[b] == 3 for b in tables[0])
     assert engine.core.stats.num_prompt_tokens_computed == len(BASE)
     out = engine.step()  # first decode: the shared partial block is copied for all but one sample
-    assert len(out) == 1
+    assert len(out) == (0 if engine.config.async_scheduling else 1)  # async: its tokens come next step
     tables = [r.block_ids for r in running]
     assert len({t[-1] for t in tables}) == 3 and all(t[:-1] == tables[0][:-1] for t in tables)
     while engine.has_unfinished_requests():

@@ -10,19 +10,35 @@ from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
-from roseinfer.scheduler.scheduler import Scheduler
+from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
+from tests.scheduler.driver import Driver
 
 
-def run_random_stream(seed: int, mode: str = "continuous") -> Scheduler:
+def run_random_stream(seed: int, mode: str = "continuous", async_: bool = False) -> Scheduler:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 16])
     num_blocks = rng.randint(8, 64)
     budget = rng.choice([4, 16, 64, 1024])
     kv = KVCacheManager(num_blocks, block_size)
     sched = Scheduler(SchedulerConfig(rng.randint(1, 8), budget, mode), kv, max_model_len=10_000)
+    driver = Driver(sched, async_)
     pool_tokens = num_blocks * block_size
     all_reqs: list[Request] = []
     next_id = 0
+    empty_in_a_row = 0
+    fed_pending = 0  # requests scheduled while their previous token was still pending
+
+    def check_scheduled(out: SchedulerOutput) -> None:
+        nonlocal fed_pending
+        assert out.num_tokens <= budget
+        assert len({id(s.request) for s in out.scheduled}) == len(out.scheduled)
+        for s in out.scheduled:
+            r = s.request
+            assert r.status == RequestStatus.RUNNING
+            assert len(r.block_ids) * block_size >= s.start + s.num_new_tokens
+            assert r.num_pending <= 2
+            fed_pending += r.num_pending - (s.num_samples > 0) > 0
+
     for _step in range(400):
         if rng.random() < 0.3 and next_id < 40:
             max_tokens = rng.randint(1, 12)
@@ -32,45 +48,47 @@ def run_random_stream(seed: int, mode: str = "continuous") -> Scheduler:
             next_id += 1
             all_reqs.append(req)
             sched.add_request(req)
-        if not sched.has_unfinished():
+        if not driver.has_unfinished():
             continue
-        out = sched.schedule()
-        assert out.num_tokens <= budget
-        assert len({id(s.request) for s in out.scheduled}) == len(out.scheduled)
-        for s in out.scheduled:
-            r = s.request
-            assert r.status == RequestStatus.RUNNING
-            assert len(r.block_ids) * block_size >= r.num_computed_tokens + s.num_new_tokens
-        sampled = [[rng.choice([7, 11, 12, 13])] * s.num_samples for s in out.scheduled]
-        sched.update_from_output(out, sampled)
+        out = driver.step(lambda: rng.choice([7, 11, 12, 13]), check_scheduled)
+        empty_in_a_row = empty_in_a_row + 1 if out.is_empty else 0
+        assert empty_in_a_row < 2, "scheduler stalled"
         sched.check_invariants()
         if rng.random() < 0.05 and sched.running:  # an abort from outside
             sched.finish(rng.choice(sched.running), RequestStatus.FINISHED_ABORTED)
         if rng.random() < 0.05 and sched.running:  # a forced preemption
             sched._preempt(rng.choice(sched.running))
         sched.check_invariants()
-    while sched.has_unfinished():
-        out = sched.schedule()
-        assert not out.is_empty, "scheduler stalled"
-        sched.update_from_output(out, [[11] * s.num_samples for s in out.scheduled])
+    while driver.has_unfinished():
+        out = driver.step(lambda: 11, check_scheduled)
+        empty_in_a_row = empty_in_a_row + 1 if out.is_empty else 0
+        assert empty_in_a_row < 2, "scheduler stalled"
         sched.check_invariants()
     for r in all_reqs:
-        assert r.is_finished and not r.block_ids
+        assert r.is_finished and not r.block_ids and r.num_pending == 0
         if r.status == RequestStatus.FINISHED_LENGTH:
             assert r.num_output_tokens == r.params.max_tokens
+        if r.status == RequestStatus.FINISHED_STOPPED:
+            assert r.output_token_ids.index(7) == len(r.output_token_ids) - 1
     assert kv.num_free_blocks == num_blocks
+    if async_ and mode == "continuous":
+        assert fed_pending > 0
+    if not async_:
+        assert fed_pending == 0
     return sched
 
 
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_streams_keep_invariants(seed):
-    run_random_stream(seed)
+def test_random_streams_keep_invariants(seed, async_):
+    run_random_stream(seed, async_=async_)
 
 
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("mode", ["static", "naive"])
-def test_baseline_modes_keep_invariants(mode):
+def test_baseline_modes_keep_invariants(mode, async_):
     for seed in range(8):
-        run_random_stream(seed, mode)
+        run_random_stream(seed, mode, async_)
 
 
 def test_naive_runs_one_request_at_a_time():
