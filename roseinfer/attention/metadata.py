@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -43,3 +44,13 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    @cached_property
+    def leading_decodes(self) -> tuple[int, int]:
+        """(d, longest): the first d sequences have one new token each (decode-first puts decodes at the
+        front), the longest of them has `longest` tokens. A mixed step gives them the decode kernel."""
+        qsl, lens = self.query_start_loc_cpu, self.seq_lens_cpu
+        d = 0
+        while d < len(qsl) - 1 and qsl[d + 1] - qsl[d] == 1:
+            d += 1
+        return d, max(lens[:d], default=0)

@@ -36,28 +36,22 @@ class TritonAttentionBackend(AttentionBackend):
             store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         num_tokens = q.shape[0]
         num_seqs = meta.seq_lens.shape[0]
+        out = torch.empty_like(q)
         if meta.is_decode_only:
-            out = torch.empty_like(q)
             batch = min(num_tokens, num_seqs)
-            num_splits = choose_num_splits(batch, k_cache.shape[2], meta.max_seq_len, q.device)
-            paged_decode_attention(
-                q[:batch],
-                k_cache,
-                v_cache,
-                meta.block_tables,
-                meta.seq_lens,
-                scale,
-                out=out[:batch],
-                num_splits=num_splits,
-            )
+            self._decode(q, k_cache, v_cache, meta, scale, out, batch, meta.max_seq_len)
             if batch < num_tokens:
                 out[batch:].zero_()  # rows without a sequence (padding)
             return out
-        # Rows past the last sequence's tokens (padding) are not written by the kernel: zero them.
-        out = torch.empty_like(q)
+        # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
         covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
         if covered < num_tokens:
             out[covered:].zero_()
+        # The decodes at the front take the decode kernel: in the prefill kernel each would fill a q tile
+        # as tall as the longest chunk of the step with one real row.
+        decodes, longest = meta.leading_decodes
+        if decodes:
+            self._decode(q, k_cache, v_cache, meta, scale, out, decodes, longest)
         return paged_prefill_attention(
             q,
             k_cache,
@@ -68,8 +62,32 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_query_len,
             scale,
             out=out,
+            first_seq=decodes,  # an offset, not sliced pointers: those would change Triton's specialisation
         )
 
+    @staticmethod
+    def _decode(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+        batch: int,
+        max_seq_len: int,
+    ) -> None:
+        """Rows 0..batch-1 are sequences 0..batch-1, one new token each."""
+        num_splits = choose_num_splits(batch, k_cache.shape[2], max_seq_len, q.device)
+        paged_decode_attention(
+            q[:batch],
+            k_cache,
+            v_cache,
+            meta.block_tables[:batch],
+            meta.seq_lens[:batch],
+            scale,
+            out=out[:batch],
+            num_splits=num_splits,
+        )
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks(kv_cache, src, dst)

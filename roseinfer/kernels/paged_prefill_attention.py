@@ -74,7 +74,7 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_seq"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -95,6 +95,7 @@ def _prefill_kernel(
     stride_btb,
     stride_ot,
     stride_oh,
+    first_seq,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -108,7 +109,7 @@ def _prefill_kernel(
     # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) + first_seq
     kvh = head // GROUP
 
     q_start = tl.load(query_start_loc_ptr + b)
@@ -229,11 +230,13 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    first_seq: int = 0,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context plus themselves; [T, Hq, D].
 
-    Rows of `q` outside `query_start_loc[0]:query_start_loc[-1]` are not written. `block_m`/`block_n`
-    override the tile shape (powers of two >= 16).
+    Only sequences `first_seq..B-1` are computed (the others, e.g. decodes, are left to another kernel);
+    rows of `q` outside their `query_start_loc` range are not written. `block_m`/`block_n` override the
+    tile shape (powers of two >= 16).
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     num_tokens, num_q_heads, q_dim = q.shape
@@ -252,7 +255,9 @@ def paged_prefill_attention(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
-    if num_tokens == 0 or num_seqs <= 0 or max_query_len <= 0:
+    if not 0 <= first_seq <= num_seqs:
+        raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
+    if num_tokens == 0 or num_seqs - first_seq <= 0 or max_query_len <= 0:
         return out
 
     d_pad = max(16, triton.next_power_of_2(head_dim))
@@ -261,7 +266,7 @@ def paged_prefill_attention(
     block_n = block_n or cfg_n
     # Short chunks (mixed batches of decodes and small prefills) waste most of a big q tile.
     block_m = max(16, min(block_m, triton.next_power_of_2(max_query_len)))
-    grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs)
+    grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -282,6 +287,7 @@ def paged_prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        first_seq,
         GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim,
         D_PAD=d_pad,

@@ -99,6 +99,26 @@ def test_prefill_tile_shapes_and_padding_rows() -> None:
     _run([40, 7], [9, 33], 16, 2, 1, 32, torch.float32, "tiles", block_m=16, block_n=32)
 
 
+@pytest.mark.parametrize("first_seq", [1, 2, 4])
+def test_prefill_first_seq_leaves_earlier_sequences_alone(first_seq: int) -> None:
+    q_lens, prefix_lens = [1, 1, 9, 1], [15, 16, 7, 40]
+    gen = generator("prefill-first-seq", first_seq)
+    cache = make_paged_cache([p + n for p, n in zip(q_lens, prefix_lens)], 16, 1, 32, torch.float32, gen)
+    starts = [0, 1, 2, 11, 12]
+    qsl = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+    q = randn((starts[-1], 2, 32), torch.float32, gen)
+    args = (cache.k_cache, cache.v_cache, cache.block_tables, qsl, cache.seq_lens, max(q_lens), 32**-0.5)
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_attention(q, *args, out=out, first_seq=first_seq)
+    ref = paged_prefill_attention_ref(q, *args)
+    begin = starts[first_seq]
+    assert torch.isnan(out[:begin]).all(), "rows of sequences before first_seq were written"
+    if begin < starts[-1]:
+        assert_close(out[begin:], ref[begin:], torch.float32)
+    with pytest.raises(ValueError, match="first_seq"):
+        paged_prefill_attention(q, *args, first_seq=5)
+
+
 def test_prefill_strided_query() -> None:
     gen = generator("prefill-strided")
     cache = make_paged_cache([20], 16, 1, 32, torch.float16, gen)

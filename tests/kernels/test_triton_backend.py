@@ -123,6 +123,25 @@ def test_backend_mixed_batch(dtype: torch.dtype) -> None:
     batch.run()
 
 
+@pytest.mark.parametrize(
+    "prefix_lens, q_lens, num_pad",
+    [
+        ([20, 33, 0, 5], [1, 1, 7, 1], 0),  # two leading decodes, a prefill, then a 1-token chunk
+        ([16, 17, 15, 3, 0], [1, 1, 1, 16, 17], 3),  # three decodes at block boundaries, padding rows
+        ([0, 40], [3, 1], 0),  # a prefill first: no leading decodes
+        ([47, 1], [1, 2], 1),
+    ],
+)
+def test_backend_leading_decodes_take_the_decode_kernel(prefix_lens, q_lens, num_pad) -> None:
+    gen = generator(f"backend-leading-{q_lens}")
+    batch = _Batch(prefix_lens, q_lens, num_pad, 6, 2, 32, 16, torch.float32, gen)
+    lead = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
+    longest = max((p + 1 for p in prefix_lens[:lead]), default=0)
+    assert batch.meta.leading_decodes == (lead, longest)
+    out = batch.run()
+    assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))
+
+
 def test_backend_decode_only_with_padding_row() -> None:
     gen = generator("backend-decode")
     batch = _Batch([20, 16, 0], [1, 1, 1], 2, 6, 2, 32, 16, torch.float32, gen)
