@@ -19,6 +19,7 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    fuses_rotary: bool = False  # forward() takes `rope` and rotates q/k itself
 
     @abstractmethod
     def forward(
@@ -30,6 +31,7 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # (positions, cos_sin), if fuses_rotary
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

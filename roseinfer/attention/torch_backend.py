@@ -42,7 +42,10 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        if rope is not None:
+            raise ValueError("the torch backend does not fuse rotary: rotate q/k before forward()")
         with record("kv_write"):
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.zeros_like(q)

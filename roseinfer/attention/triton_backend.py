@@ -16,11 +16,13 @@ from roseinfer.kernels.block_copy import copy_blocks
 from roseinfer.kernels.kv_store import store_kv
 from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
+from roseinfer.kernels.rotary import apply_rotary_and_store_kv
 from roseinfer.profiling import record
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    fuses_rotary = True
 
     def forward(
         self,
@@ -31,9 +33,13 @@ class TritonAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         with record("kv_write"):
-            store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            if rope is None:
+                store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
+                apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
         num_tokens = q.shape[0]
         num_seqs = meta.seq_lens.shape[0]
         out = torch.empty_like(q)

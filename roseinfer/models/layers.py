@@ -139,9 +139,19 @@ def paged_attention(
     v: torch.Tensor,
     ctx: ForwardContext,
     scale: float,
+    positions: torch.Tensor | None = None,
+    rotary: RotaryEmbedding | None = None,
 ) -> torch.Tensor:
-    """q/k/v are [T, heads, head_dim]; returns [T, heads * head_dim]."""
+    """q/k/v are [T, heads, head_dim]; returns [T, heads * head_dim]. With `rotary`, q and k are rotated
+    first: inside the backend's KV write when it fuses the two (one launch), else here."""
+    rope = None
+    if rotary is not None:
+        assert positions is not None and rotary.cos_sin is not None
+        if ctx.backend.fuses_rotary and fused_kernels_for(q):
+            rope = (positions, rotary.cos_sin)
+        else:
+            q, k = rotary(positions, q, k)
     out = ctx.backend.forward(
-        q, k, v, ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1], ctx.meta, scale
+        q, k, v, ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1], ctx.meta, scale, rope
     )
     return out.reshape(out.shape[0], -1)

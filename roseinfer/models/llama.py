@@ -33,8 +33,7 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(paged_attention(self.layer_idx, q, k, v, ctx, self.scale))
+        return self.o_proj(paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary))
 
 
 class LlamaMLP(nn.Module):

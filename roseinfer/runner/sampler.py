@@ -76,10 +76,10 @@ def apply_top_k_top_p(
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """logits [N, V] (any float dtype) -> token ids [N] int64."""
+    if batch.all_greedy:  # the argmax needs no float32 copy of the logits
+        return logits.argmax(dim=-1)
     logits = logits.float()
     greedy_tokens = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        return greedy_tokens
     logits = logits / batch.temperature.unsqueeze(1)
     logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
     probs = logits.softmax(dim=-1)

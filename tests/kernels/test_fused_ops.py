@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
+from roseinfer.kernels.kv_store import store_kv_ref
 from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref
-from roseinfer.kernels.rotary import apply_rotary, apply_rotary_ref
+from roseinfer.kernels.rotary import apply_rotary, apply_rotary_and_store_kv, apply_rotary_ref
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -53,6 +54,37 @@ def test_rotary_in_place_on_strided_views(dtype, tokens, hq, hk, d):
     close(q, q_ref, dtype)
     close(k, k_ref, dtype)
     assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("tokens", "hq", "hk", "d", "block_size"),
+    [(1, 4, 2, 16, 16), (9, 14, 2, 64, 16), (5, 8, 8, 128, 1), (17, 3, 1, 32, 4)],
+)
+def test_rotary_and_store_kv(dtype, tokens, hq, hk, d, block_size):
+    """q rotated in place; k rotated into its cache slot (k itself untouched); v copied; -1 slots skipped."""
+    g = generator("rope-store", dtype, tokens, hq, hk, d, block_size)
+    qkv = randn((tokens, (hq + 2 * hk) * d), dtype, g)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(tokens, hk, d)
+    v = qkv[:, (hq + hk) * d :].view(tokens, hk, d)
+    k_before = k.clone()
+    num_blocks, num_layers = tokens + 2, 2
+    kv = randn((num_blocks, num_layers, 2, block_size, hk, d), dtype, g)
+    k_cache, v_cache = kv[:, 1, 0], kv[:, 1, 1]  # a layer's strided views, as the engine passes them
+    kv_ref = kv.clone()
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    slots[torch.rand(tokens, generator=g) < 0.25] = -1  # padding rows
+    slots = slots.to(torch.int32).to(DEVICE)
+    angles = torch.rand((64, d // 2), generator=g) * 6.28
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
+    positions = torch.randint(0, 64, (tokens,), generator=g).to(torch.int32).to(DEVICE)
+    q_ref, k_rot = apply_rotary_ref(q.clone(), k.clone(), positions, cos_sin)
+    store_kv_ref(k_rot, v, kv_ref[:, 1, 0], kv_ref[:, 1, 1], slots)
+    apply_rotary_and_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    close(q, q_ref, dtype)
+    assert torch.equal(k, k_before)
+    close(kv, kv_ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)

@@ -142,6 +142,53 @@ def test_backend_leading_decodes_take_the_decode_kernel(prefix_lens, q_lens, num
     assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))
 
 
+@pytest.mark.parametrize("q_lens", [[1, 5, 9], [1, 1, 1]], ids=["mixed", "decode"])
+def test_backend_fused_rotary_equals_rotating_first(q_lens) -> None:
+    """forward(rope=...) rotates q and k inside the KV write: same output and cache as rotating first."""
+    from roseinfer.kernels.rotary import apply_rotary_ref
+
+    gen = generator("backend-rope", q_lens)
+    prefix_lens = [20, 7, 0]
+    batch = _Batch(prefix_lens, q_lens, 1, 4, 2, 32, 16, torch.float32, gen)
+    positions = torch.tensor(
+        [p + j for p, n in zip(prefix_lens, q_lens) for j in range(n)] + [0], dtype=torch.int32, device=DEVICE
+    )
+    angles = torch.rand((64, 16), generator=gen) * 6.28
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
+    backend = get_backend("triton")
+    assert backend.fuses_rotary
+    kv_before = batch.kv.clone()
+    q_rot, k_rot = apply_rotary_ref(batch.q, batch.k_new, positions, cos_sin)
+    want = backend.forward(q_rot, k_rot, batch.v_new, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+    kv_want = batch.kv.clone()
+    batch.kv.copy_(kv_before)
+    q = batch.q.clone()
+    got = backend.forward(
+        q,
+        batch.k_new,
+        batch.v_new,
+        batch.k_cache,
+        batch.v_cache,
+        batch.meta,
+        batch.scale,
+        (positions, cos_sin),
+    )
+    atol, rtol = TOL[torch.float32]
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    torch.testing.assert_close(batch.kv, kv_want, atol=atol, rtol=rtol)
+    with pytest.raises(ValueError, match="does not fuse rotary"):
+        get_backend("torch").forward(
+            q,
+            batch.k_new,
+            batch.v_new,
+            batch.k_cache,
+            batch.v_cache,
+            batch.meta,
+            batch.scale,
+            (positions, cos_sin),
+        )
+
+
 def test_backend_decode_only_with_padding_row() -> None:
     gen = generator("backend-decode")
     batch = _Batch([20, 16, 0], [1, 1, 1], 2, 6, 2, 32, 16, torch.float32, gen)
