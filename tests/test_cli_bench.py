@@ -217,6 +217,7 @@ def test_bench_header_fields(monkeypatch):
     assert git_commit("/") == "unknown"
     monkeypatch.setenv("ROSEINFER_COMMIT", "abc1234-dirty")
     assert git_commit("/") == "abc1234-dirty"
+    assert git_commit() == "abc1234-dirty"  # the variable wins over a (possibly stale) .git
     with pytest.raises(ValueError, match="CUDA"):
         measure_copy_bandwidth("cpu")
 

@@ -31,12 +31,14 @@ def _git(*args: str, cwd: str) -> str | None:
 
 
 def git_commit(repo_dir: str = _REPO_DIR) -> str:
-    """Short sha of HEAD, with "-dirty" when tracked files are modified or untracked files exist
-    (untracked source files change what runs). Outside a git work tree (e.g. a copy of the tree on a
-    device machine): $ROSEINFER_COMMIT when set, else "unknown"."""
+    """$ROSEINFER_COMMIT when set (a copy of the tree on a device machine may carry a stale .git), else
+    the short sha of HEAD, with "-dirty" when tracked files are modified or untracked files exist
+    (untracked source files change what runs), else "unknown"."""
+    if os.environ.get("ROSEINFER_COMMIT"):
+        return os.environ["ROSEINFER_COMMIT"]
     sha = _git("rev-parse", "--short", "HEAD", cwd=repo_dir)
     if not sha:
-        return os.environ.get("ROSEINFER_COMMIT") or "unknown"
+        return "unknown"
     status = _git("status", "--porcelain", cwd=repo_dir)
     return f"{sha}-dirty" if status else sha
 
