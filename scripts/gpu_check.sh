@@ -45,7 +45,8 @@ for s in "${sections[@]}"; do
     profile)
       $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
-      run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps ;;
+      run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps
+      run trace-kernels '.' $RI trace-sql /tmp/w1trace.continuous.json --example top-kernels ;;
     *) echo "unknown section $s"; exit 2 ;;
   esac
 done

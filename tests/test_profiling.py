@@ -310,6 +310,10 @@ def test_cuda_queries(cuda_trace: Path) -> None:
     top = _sql(cuda_trace, example_sql("largest-gpu-gaps"))
     assert (top[0]["gap_us"], top[0]["before"], top[0]["after"]) == (85, "copy_kernel", "gemm")
 
+    kernels = _sql(cuda_trace, example_sql("top-kernels"))
+    assert [(r["kernel"], r["n"]) for r in kernels] == [("gemm", 2), ("copy_kernel", 1)]
+    assert kernels[0]["total_ms"] == pytest.approx(0.050) and kernels[0]["avg_us"] == pytest.approx(25)
+
     per_range = {r["range_name"]: r for r in _sql(cuda_trace, example_sql("kernels-per-range"))}
     assert per_range["forward"]["kernels"] == 3 and per_range["forward"]["gpu_ms"] == pytest.approx(0.060)
     assert per_range["kv_write"]["kernels"] == 1 and per_range["kv_write"]["gpu_ms"] == pytest.approx(0.010)

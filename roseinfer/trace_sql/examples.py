@@ -55,6 +55,14 @@ SELECT track_id, (ts - prev_end) / 1e3 AS gap_us, prev_name AS before, name AS a
 FROM k WHERE prev_end IS NOT NULL ORDER BY ts - prev_end DESC LIMIT 20
 """,
     ),
+    "top-kernels": (
+        "GPU kernels by total time: count, total, average (names cut to 60 characters)",
+        """
+SELECT SUBSTR(name, 1, 60) AS kernel, COUNT(*) AS n, SUM(dur) / 1e6 AS total_ms, AVG(dur) / 1e3 AS avg_us
+FROM slice WHERE category = 'kernel'
+GROUP BY kernel ORDER BY total_ms DESC LIMIT 30
+""",
+    ),
     "range-times": (
         "count and time per record_function range (CPU side, and GPU side when traced)",
         """
