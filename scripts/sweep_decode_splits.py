@@ -21,10 +21,9 @@ def main() -> None:
         out = torch.empty_like(q)
         chosen = choose_num_splits(batch, hkv, ctx, device)
         kv_bytes = 2 * batch * ctx * hkv * d * 2
+        args = (q, k_cache, v_cache, tables, seq_lens, 0.125, out)
         for splits in (1, 2, 3, 4, 6, 8):
-            ms = _graph_median_ms(
-                lambda s=splits: paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125, out, s)
-            )
+            ms = _graph_median_ms(lambda s=splits, a=args: paged_decode_attention(*a, s))
             print(f"{ctx:<4} {splits:<7} {chosen:<7} {ms:.5f}  {kv_bytes / ms / 1e6:.0f}")
 
 
