@@ -19,6 +19,7 @@ class SamplingBatch:
     min_p: torch.Tensor | None  # [N] float32
     greedy: torch.Tensor | None  # [N] bool; None if all greedy
     all_greedy: bool
+    any_greedy: bool
     generators: list[torch.Generator | None]  # per row: the request's own generator if seeded
 
     @staticmethod
@@ -31,7 +32,7 @@ class SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
-            return SamplingBatch(None, None, None, None, None, True, generators)
+            return SamplingBatch(None, None, None, None, None, True, True, generators)
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
@@ -49,6 +50,7 @@ class SamplingBatch:
             min_p=t([p.min_p for p in params], torch.float32) if use_min_p else None,
             greedy=t(greedy, torch.bool),
             all_greedy=all_greedy,
+            any_greedy=any(greedy),
             generators=generators,
         )
 
@@ -78,18 +80,22 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """logits [N, V] (any float dtype) -> token ids [N] int64."""
     if batch.all_greedy:  # the argmax needs no float32 copy of the logits
         return logits.argmax(dim=-1)
-    logits = logits.float()
-    greedy_tokens = logits.argmax(dim=-1)
-    logits = logits / batch.temperature.unsqueeze(1)
-    logits = apply_top_k_top_p(logits, batch.top_k, batch.top_p)
-    probs = logits.softmax(dim=-1)
-    if batch.min_p is not None:
-        floor = probs.max(dim=-1, keepdim=True).values * batch.min_p.unsqueeze(1)
-        probs = probs.masked_fill(probs < floor, 0.0)
+    scores = logits.float() / batch.temperature.unsqueeze(1)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, with no host sync and per-row noise.
-    noise = torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(scores).exponential_()
     for row, gen in enumerate(batch.generators):
         if gen is not None:
             noise[row].exponential_(generator=gen)
-    sampled = (probs / noise.clamp_(min=1e-20)).argmax(dim=-1)
-    return torch.where(batch.greedy, greedy_tokens, sampled)
+    if batch.top_k is None and batch.top_p is None and batch.min_p is None:
+        # Plain temperature: argmax(p / E) = argmax(scores - log E); the softmax is never needed.
+        sampled = (scores - noise.clamp_(min=1e-20).log_()).argmax(dim=-1)
+    else:
+        scores = apply_top_k_top_p(scores, batch.top_k, batch.top_p)
+        probs = scores.softmax(dim=-1)
+        if batch.min_p is not None:
+            floor = probs.max(dim=-1, keepdim=True).values * batch.min_p.unsqueeze(1)
+            probs = probs.masked_fill(probs < floor, 0.0)
+        sampled = (probs / noise.clamp_(min=1e-20)).argmax(dim=-1)
+    if not batch.any_greedy:
+        return sampled
+    return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
