@@ -83,10 +83,7 @@ class TritonAttentionBackend(AttentionBackend):
         max_seq_len: int,
     ) -> None:
         """Rows 0..batch-1 are sequences 0..batch-1, one new token each."""
-        # The split count for the variant paged_decode_attention picks from these head shapes.
-        num_splits = choose_num_splits(
-            batch, k_cache.shape[2], max_seq_len, q.device, num_q_heads=q.shape[1], head_dim=q.shape[2]
-        )
+        num_splits = choose_num_splits(batch, k_cache.shape[2], max_seq_len, q.device)
         paged_decode_attention(
             q[:batch],
             k_cache,

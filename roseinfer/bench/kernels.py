@@ -74,11 +74,7 @@ def _paged_cache(
 def _bench_decode(
     name: str, num_heads: int, num_kv_heads: int, head_dim: int, copy_gbs: float, gen: torch.Generator
 ) -> dict[str, Any]:
-    from roseinfer.kernels.paged_decode_attention import (
-        choose_num_splits,
-        choose_variant,
-        paged_decode_attention,
-    )
+    from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
 
     batch, ctx, block_size, dtype = 64, 4096, 16, torch.bfloat16
     device = gen.device
@@ -88,7 +84,7 @@ def _bench_decode(
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     q = torch.empty((batch, num_heads, head_dim), dtype=dtype, device=device).normal_(generator=gen)
     out = torch.empty_like(q)
-    splits = choose_num_splits(batch, num_kv_heads, ctx, device, num_q_heads=num_heads, head_dim=head_dim)
+    splits = choose_num_splits(batch, num_kv_heads, ctx, device)
     scale = head_dim**-0.5
 
     def step() -> None:
@@ -101,8 +97,7 @@ def _bench_decode(
     return {
         "kernel": "paged_decode",
         "model": name,
-        "shape": f"B={batch} ctx={ctx} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} "
-        f"splits={splits} {choose_variant(num_heads, num_kv_heads, head_dim)}",
+        "shape": f"B={batch} ctx={ctx} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} splits={splits}",
         "ms": ms,
         "ms_eager": ms_eager,
         "kv_read_gbs": gbs,

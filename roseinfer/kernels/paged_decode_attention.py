@@ -1,24 +1,13 @@
 """Paged decode attention: one query token per sequence over the sequence's KV blocks (split-K flash-decoding).
 
-Two variants of the first (split) kernel, both cutting each sequence into `num_splits` contiguous,
-BLOCK_N-aligned shares of its keys:
-
-- "per_head": program (b, kv_head, split) loads each [BLOCK_N, D] K/V tile of one kv head once and serves
-  all `num_heads // num_kv_heads` query heads of that kv head with one `tl.dot` (the query heads are padded
-  to a tile of at least 16 rows). Best for wide kv heads (e.g. Llama: 8 kv heads of 128).
-- "all_heads": program (b, split) handles every kv head of sequence b. A token's K (and V) for all kv heads
-  is one contiguous row of W = Hkv * D elements, so it loads [BLOCK_N, W] tiles (long contiguous rows
-  instead of D-element ones). The query tile is [Hq (padded), W]: row r holds q head r in the columns of
-  its kv head and zeros elsewhere, so one `tl.dot` scores each row against its own kv head; after `p @ V`
-  each row keeps (stores) only its own head's D columns. Best for few, narrow kv heads (e.g. Qwen2.5-0.5B:
-  2 kv heads of 64), where per-head rows of 128 bytes leave the memory system underused.
-
-Each program writes a partial (running max, running sum, unnormalised accumulator) per query head and
-split; a second kernel (shared by both variants) merges the splits. With one split the first kernel
+Program (b, kv_head, split) walks a contiguous, BLOCK_N-aligned share of sequence b's keys, loads each K/V
+tile once and serves all `num_heads // num_kv_heads` query heads of that kv head with one `tl.dot` (the
+query heads are padded to a tile of at least 16 rows). It writes a partial (running max, running sum,
+unnormalised accumulator) per split; a second kernel merges the splits. With one split the first kernel
 normalises and writes the output itself.
 
-The split boundaries come from `seq_lens` on the device, so the launch depends only on shapes, the variant
-and `num_splits` (CUDA-graph safe); neither the variant nor `num_splits` changes the result beyond rounding.
+The split boundaries come from `seq_lens` on the device, so the launch depends only on shapes and
+`num_splits` (CUDA-graph safe); `num_splits` only changes how the work is cut, never the result.
 """
 
 from __future__ import annotations
@@ -152,110 +141,6 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_split_all_heads_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    out_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    part_acc_ptr,
-    qk_scale,
-    num_splits,
-    stride_qb,
-    stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_vb,
-    stride_vs,
-    stride_btb,
-    stride_ob,
-    stride_oh,
-    NUM_Q_HEADS: tl.constexpr,
-    ROWS_PAD: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    W: tl.constexpr,
-    W_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DIRECT_OUT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """Program (b, split): every kv head of sequence b. The cache's (kv head, dim) dims must be contiguous
-    (head stride HEAD_DIM), so a token's K or V for all kv heads is one row of W = Hkv * HEAD_DIM."""
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    b64 = b.to(tl.int64)
-
-    seq_len = tl.load(seq_lens_ptr + b)
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    start = split * tiles_per_split * BLOCK_N
-    end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
-
-    r = tl.arange(0, ROWS_PAD)  # query head
-    c = tl.arange(0, W_PAD)  # column of the [Hkv * HEAD_DIM] row: kv head c // HEAD_DIM, dim c % HEAD_DIM
-    r_mask = r < NUM_Q_HEADS
-    row_kvh = r // GROUP
-    # Row r's own columns (kv head row_kvh), and where each of them lives in q / out / acc (its dim).
-    own = r_mask[:, None] & ((c[None, :] // HEAD_DIM) == row_kvh[:, None])
-    own_d = c[None, :] - row_kvh[:, None] * HEAD_DIM
-    q = tl.load(q_ptr + b64 * stride_qb + r[:, None] * stride_qh + own_d, mask=own, other=0.0)
-
-    m_i = tl.full([ROWS_PAD], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS_PAD], dtype=tl.float32)
-    acc = tl.zeros([ROWS_PAD, W_PAD], dtype=tl.float32)
-
-    bt_row = block_tables_ptr + b64 * stride_btb
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        if BLOCK_SIZE >= BLOCK_N:
-            # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
-            blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)
-            k_rows = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks
-            v_rows = blk * stride_vb + (n % BLOCK_SIZE) * stride_vs
-        else:
-            blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
-            v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
-        if W == W_PAD:
-            kv_mask = n_mask[:, None]
-        else:
-            kv_mask = n_mask[:, None] & (c < W)[None, :]
-        k = tl.load(k_cache_ptr + k_rows[:, None] + c[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + v_rows[:, None] + c[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
-        )
-        m_i = m_new
-
-    if DIRECT_OUT:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + b64 * stride_ob + r[:, None] * stride_oh + own_d,
-            out.to(out_ptr.dtype.element_ty),
-            mask=own,
-        )
-    else:
-        # Partials as the per-head variant writes them (the reduce kernel is shared).
-        row = (b64 * NUM_Q_HEADS + r) * num_splits + split
-        tl.store(part_m_ptr + row, m_i, mask=r_mask)
-        tl.store(part_l_ptr + row, l_i, mask=r_mask)
-        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + own_d, acc, mask=own)
-
-
-@triton.jit
 def _decode_reduce_kernel(
     out_ptr,
     part_m_ptr,
@@ -289,30 +174,14 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-VARIANTS = ("per_head", "all_heads")
-# The all-heads variant is chosen when a token's K row over all kv heads is at most this many elements and
-# the query tile (one row per query head) at most this many rows.
-ALL_HEADS_MAX_WIDTH = 256
-ALL_HEADS_MAX_Q_HEADS = 64
-# Programs per SM for the all-heads variant's split count (its programs are Hkv times the per-head ones'
-# work per key; kept equal to PROGRAMS_PER_SM until swept on its own).
-ALL_HEADS_PROGRAMS_PER_SM = PROGRAMS_PER_SM
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many splits to cut each sequence into so that `batch * num_kv_heads * splits` fills the GPU.
 
-
-def choose_variant(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
-    """The split-kernel variant `paged_decode_attention(variant=None)` uses for these head shapes.
-
-    "all_heads" for few, narrow kv heads (Hkv * D <= 256, e.g. Qwen2.5-0.5B's 2 x 64) with at most 64 query
-    heads, where one kv head's rows (D elements) are too short to read memory efficiently; "per_head" else.
+    Uses only host ints (no device reads), so it is safe under CUDA-graph capture; the result is a launch
+    shape, so a captured graph keeps the value it was captured with (it stays correct for any `seq_lens`).
     """
-    if num_kv_heads * head_dim <= ALL_HEADS_MAX_WIDTH and num_q_heads <= ALL_HEADS_MAX_Q_HEADS:
-        return "all_heads"
-    return "per_head"
-
-
-def _splits_to_fill(programs: int, programs_per_sm: int, max_seq_len: int, device: torch.device) -> int:
-    programs = max(1, programs)
-    target = programs_per_sm * num_sms(device)
+    programs = max(1, batch * num_kv_heads)
+    target = PROGRAMS_PER_SM * num_sms(device)
     if programs >= target:
         return 1
     splits = triton.cdiv(target, programs)
@@ -320,47 +189,8 @@ def _splits_to_fill(programs: int, programs_per_sm: int, max_seq_len: int, devic
     return max(1, splits)
 
 
-def choose_num_splits_all_heads(batch: int, max_seq_len: int, device: torch.device) -> int:
-    """How many splits the all-heads variant cuts each sequence into so that `batch * splits` programs fill
-    the GPU. Host ints only (CUDA-graph safe), like `choose_num_splits`."""
-    return _splits_to_fill(batch, ALL_HEADS_PROGRAMS_PER_SM, max_seq_len, device)
-
-
-def choose_num_splits(
-    batch: int,
-    num_kv_heads: int,
-    max_seq_len: int,
-    device: torch.device,
-    num_q_heads: int | None = None,
-    head_dim: int | None = None,
-    variant: str | None = None,
-) -> int:
-    """How many splits to cut each sequence into so that the split kernel's programs fill the GPU.
-
-    The count is for the variant `paged_decode_attention` runs: `variant` if given, else
-    `choose_variant(num_q_heads, num_kv_heads, head_dim)` when both are given, else "per_head" (whose
-    `batch * num_kv_heads * splits` programs are counted). Uses only host ints (no device reads), so it is
-    safe under CUDA-graph capture; the result is a launch shape, so a captured graph keeps the value it was
-    captured with (it stays correct for any `seq_lens`).
-    """
-    if variant is None:
-        if num_q_heads is not None and head_dim is not None:
-            variant = choose_variant(num_q_heads, num_kv_heads, head_dim)
-        else:
-            variant = "per_head"
-    _check_variant(variant)
-    if variant == "all_heads":
-        return choose_num_splits_all_heads(batch, max_seq_len, device)
-    return _splits_to_fill(batch * num_kv_heads, PROGRAMS_PER_SM, max_seq_len, device)
-
-
-def _check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown paged decode variant {variant!r}; expected one of {VARIANTS}")
-
-
 def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the per-head variant."""
+    """(BLOCK_N, num_warps, num_stages)."""
     if is_interpret():
         return 32, 4, 1
     if dtype == torch.float32 or head_dim_pad > 128:
@@ -372,23 +202,6 @@ def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int
     return 64, 4, 3
 
 
-# K (and V) tile size the all-heads variant aims for, in bytes.
-ALL_HEADS_TILE_BYTES = 16 * 1024
-
-
-def _all_heads_config(width_pad: int, rows_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) of the all-heads variant. Not yet swept on a GPU: BLOCK_N makes the
-    [BLOCK_N, W_PAD] K tile about 16 KiB (64 keys at W=128 bf16), as the per-head sweep found best."""
-    if is_interpret():
-        return 16, 4, 1  # small tiles; block sizes >= 16 take the one-block-per-tile path
-    block_n = ALL_HEADS_TILE_BYTES // (width_pad * dtype.itemsize)
-    block_n = max(16, min(128, block_n))
-    # The [rows, W_PAD] fp32 accumulator and the q tile live in registers: more warps for big ones.
-    num_warps = 8 if rows_pad * width_pad > 8192 else 4
-    num_stages = 2 if dtype == torch.float32 else 3
-    return block_n, num_warps, num_stages
-
-
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -398,15 +211,12 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    variant: str | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its `seq_lens[b]` cached keys; returns [B, Hq, D].
 
     A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from the batch shape
     and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with the step's
-    max_seq_len and head shapes) to control it. `variant` is "per_head", "all_heads" (see the module
-    docstring; it needs each cache's kv heads contiguous, head stride D) or None: `choose_variant`'s pick,
-    falling back to "per_head" for a cache whose kv heads are not contiguous.
+    max_seq_len) to control it.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     batch, num_q_heads, q_dim = q.shape
@@ -414,17 +224,6 @@ def paged_decode_attention(
         raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    heads_contiguous = num_kv_heads == 1 or (k_cache.stride(2) == head_dim and v_cache.stride(2) == head_dim)
-    if variant is None:
-        variant = choose_variant(num_q_heads, num_kv_heads, head_dim)
-        if not heads_contiguous:
-            variant = "per_head"
-    else:
-        _check_variant(variant)
-        if variant == "all_heads" and not heads_contiguous:
-            raise ValueError(
-                "the all_heads variant needs k_cache/v_cache kv heads contiguous (stride of dim 2 == head_dim)"
-            )
     if seq_lens.shape[0] < batch or block_tables.shape[0] < batch:
         raise ValueError("seq_lens/block_tables have fewer rows than q")
     if q.stride(-1) != 1:
@@ -438,12 +237,13 @@ def paged_decode_attention(
     if batch == 0:
         return out
 
+    group = num_q_heads // num_kv_heads
+    group_pad = max(16, triton.next_power_of_2(group))
     d_pad = max(16, triton.next_power_of_2(head_dim))
     if num_splits is None:
-        num_splits = choose_num_splits(
-            batch, num_kv_heads, block_tables.shape[1] * block_size, q.device, variant=variant
-        )
+        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
+    block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
     direct = num_splits == 1
     if direct:
         part_m = part_l = part_acc = out  # unused
@@ -454,51 +254,6 @@ def paged_decode_attention(
             (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
 
-    if variant == "all_heads":
-        _launch_all_heads(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, out, part_m, part_l, part_acc, num_splits
-        )
-    else:
-        _launch_per_head(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, out, part_m, part_l, part_acc, num_splits
-        )
-    if not direct:
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            out,
-            part_m,
-            part_l,
-            part_acc,
-            num_q_heads,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            D_PAD=d_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4 if d_pad >= 128 else 2,
-        )
-    return out
-
-
-def _launch_per_head(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    part_m: torch.Tensor,
-    part_l: torch.Tensor,
-    part_acc: torch.Tensor,
-    num_splits: int,
-) -> None:
-    batch, num_q_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
-    group_pad = max(16, triton.next_power_of_2(group))
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -529,68 +284,28 @@ def _launch_per_head(
         D_PAD=d_pad,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
-        DIRECT_OUT=num_splits == 1,
+        DIRECT_OUT=direct,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
     )
-
-
-def _launch_all_heads(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    part_m: torch.Tensor,
-    part_l: torch.Tensor,
-    part_acc: torch.Tensor,
-    num_splits: int,
-) -> None:
-    batch, num_q_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    width = num_kv_heads * head_dim
-    width_pad = max(16, triton.next_power_of_2(width))
-    rows_pad = max(16, triton.next_power_of_2(num_q_heads))
-    block_n, num_warps, num_stages = _all_heads_config(width_pad, rows_pad, q.dtype)
-    _decode_split_all_heads_kernel[(batch, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        part_m,
-        part_l,
-        part_acc,
-        scale * LOG2E,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        NUM_Q_HEADS=num_q_heads,
-        ROWS_PAD=rows_pad,
-        GROUP=num_q_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        W=width,
-        W_PAD=width_pad,
-        BLOCK_SIZE=block_size,
-        BLOCK_N=block_n,
-        DIRECT_OUT=num_splits == 1,
-        PRECISION=dot_precision(q.dtype),
-        DOT_DTYPE=dot_dtype(q.dtype),
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+    if not direct:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            out,
+            part_m,
+            part_l,
+            part_acc,
+            num_q_heads,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            num_warps=4 if d_pad >= 128 else 2,
+        )
+    return out
 
 
 def gather_sequence_kv(
