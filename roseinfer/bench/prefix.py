@@ -19,7 +19,7 @@ and shared by every engine), after a warm-up on each engine:
 
 Offline runs (W2, W4, W5) each start on a cold prefix cache (`BlockPool.reset_cache`); their warm-up
 uses other token ids. W4's prefill/decode split and "prompt tok computed" come from a `Probe` on the
-engine that reads each step's prompt work from its schedule (see `Probe` for why not `EngineCore.stats`).
+engine that reads each step's prompt work from its schedule.
 
 W3's prompts: the common prefix comes from `numpy.random.default_rng(seed)`; the unique suffixes of
 stream k (k = 0: the warm-up, k = i + 1: the i-th rate) from `default_rng([seed, k])`, and the arrival

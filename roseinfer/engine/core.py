@@ -18,7 +18,11 @@ from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
 
 @dataclass
 class StepStats:
-    """Wall time of steps that held any prefill work vs pure decode steps (the notes' report split)."""
+    """Wall time of steps that held any prefill work vs pure decode steps (the notes' report split).
+
+    A step() call is booked by the step it schedules. With async scheduling the call also waits for the
+    step before it, so each step's device time lands one call late (a prefill's on the decode after it);
+    the split is exact only with async scheduling off."""
 
     prefill_time: float = 0.0
     decode_time: float = 0.0

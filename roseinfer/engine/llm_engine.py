@@ -132,8 +132,10 @@ class LLMEngine:
         """
         if not self.config.cache.enable_prefix_caching:
             raise ValueError("pinned prefixes need enable_prefix_caching=True")
-        if self.has_unfinished_requests():
+        if self.core.scheduler.has_unfinished():
             raise RuntimeError("pin prefixes before adding requests: pinning steps the engine")
+        while self.has_unfinished_requests():  # a step of aborted requests may still be in flight
+            self.step()
         ids = self.validate(prefix, SamplingParams(max_tokens=1))
         aligned = len(ids) - len(ids) % self.config.cache.block_size
         if aligned == 0:
@@ -183,29 +185,45 @@ class _Sequence:
         self.req = req
         self.detok = detok
         self.text = ""
+        self.num_seen = 0  # output tokens already detokenized
 
     def on_token(self, engine: LLMEngine) -> None:
+        """Takes every output token not seen yet, in order: with async scheduling one engine step can
+        apply two tokens to a request (the step in flight and a step resolved at once)."""
         req = self.req
-        if self.detok is None:
-            return
+        while self.num_seen < len(req.output_token_ids):
+            self.num_seen += 1
+            if self.detok is not None and self._take(req.output_token_ids[self.num_seen - 1], engine):
+                return
+
+    def _take(self, token: int, engine: LLMEngine) -> bool:
+        """Detokenizes one token; True when a stop string ends the sequence at it."""
+        req = self.req
+        last = self.num_seen == len(req.output_token_ids)
         before = len(self.text)
-        self.text += self.detok.add(req.output_token_ids[-1:])
-        if req.is_finished:
+        self.text += self.detok.add([token])
+        if req.is_finished and last:
             self.text += self.detok.flush()
         stops = req.params.stop
         if not stops:
-            return
+            return False
         # Only the new text, plus the overlap a stop string could straddle, needs searching.
         start = max(0, before - max(len(s) for s in stops) + 1)
         found = [(i, s) for s in stops if (i := self.text.find(s, start)) >= 0]
-        if found:
-            hit, stop = min(found)
-            self.text = self.text[:hit]
-            req.stop_reason = stop
-            if req.is_finished:
-                req.status = RequestStatus.FINISHED_STOPPED
-            else:
-                engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
+        if not found:
+            return False
+        hit, stop = min(found)
+        self.text = self.text[:hit]
+        req.stop_reason = stop
+        extra = len(req.output_token_ids) - self.num_seen  # generated past the stop in the same step
+        if extra:
+            del req.output_token_ids[-extra:]
+            del req.all_token_ids[-extra:]
+        if req.is_finished:
+            req.status = RequestStatus.FINISHED_STOPPED
+        else:
+            engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
+        return True
 
     def output(self) -> CompletionOutput:
         req = self.req
