@@ -177,7 +177,7 @@ SCHEDULER_MODES = ("continuous", "static", "naive")
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = 16384  # vLLM's offline default on large GPUs
     mode: str = "continuous"
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # admission order: fcfs | lpm (longest cached prefix first, with aging)

@@ -38,7 +38,7 @@ def make_engine_config(
     cpu_kv_tokens: int = 16384,
     enable_prefix_caching: bool = True,
     max_num_seqs: int = 256,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = 16384,
     scheduler_mode: str = "continuous",
     enable_chunked_prefill: bool = True,
     admission_policy: str = "fcfs",
