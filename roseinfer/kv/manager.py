@@ -100,6 +100,23 @@ class KVCacheManager:
         req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
         return hit
 
+    def admission_fits(self, req: Request, max_new_tokens: int) -> bool:
+        """Dry run of `admit` + `allocate_slots` for up to `max_new_tokens`: would the pool have the
+        blocks? Asking first spares a failed admission its rollback, which would move the request's cached
+        blocks to the most recently used end of the free queue."""
+        assert not req.block_ids
+        blocks, hit = self.find_cached_prefix(req)
+        write = min(hit, req.num_tokens - 1) // self.block_size
+        if write < len(blocks) and blocks[write] in self.fresh:
+            blocks, hit = blocks[:write], write * self.block_size
+        start = min(hit, req.num_tokens - 1)
+        end = start + min(req.num_tokens - start, max_new_tokens)
+        revived = sum(1 for b in blocks if self.pool.ref_counts[b] == 0)  # leave the free queue on a hit
+        need = max(0, self.blocks_for(end) - len(blocks))
+        # Hit blocks are cached, so a write into one of them is always a copy.
+        copies = max(0, min(len(blocks), cdiv(end, self.block_size)) - start // self.block_size)
+        return need + copies <= self.pool.num_free - revived
+
     def count_query(self, num_tokens: int, hit: int) -> None:
         if self.enable_prefix_caching:
             self.num_queried_tokens += num_tokens

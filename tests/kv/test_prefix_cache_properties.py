@@ -31,6 +31,27 @@ def check_step(sched: Scheduler, out) -> None:
     assert len(set(dsts)) == len(dsts) and not set(dsts) & set(srcs)
 
 
+def _check_admission_dry_runs(kv: KVCacheManager) -> None:
+    """Whenever `admission_fits` says yes, the admission's own allocation must succeed."""
+    fits, allocate = kv.admission_fits, kv.allocate_slots
+    promised: set[int] = set()
+
+    def admission_fits(req, max_new):
+        ok = fits(req, max_new)
+        if ok:
+            promised.add(id(req))
+        return ok
+
+    def allocate_slots(req, num_new):
+        ok = allocate(req, num_new)
+        if id(req) in promised:
+            promised.discard(id(req))
+            assert ok, f"admission_fits promised blocks that allocate_slots could not find for {req}"
+        return ok
+
+    kv.admission_fits, kv.allocate_slots = admission_fits, allocate_slots
+
+
 def run_stream(seed: int, async_: bool = False) -> KVCacheManager:
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 8])
@@ -41,6 +62,7 @@ def run_stream(seed: int, async_: bool = False) -> KVCacheManager:
         SchedulerConfig(rng.randint(1, 6), rng.choice([3, 8, 64]), "continuous"), kv, 10_000, policy
     )
     driver = Driver(sched, async_)
+    _check_admission_dry_runs(kv)
     bases = [[rng.randint(10, 60) for _ in range(rng.randint(1, 30))] for _ in range(3)]
     pool_tokens = num_blocks * bs
     reqs, next_id = [], 0
@@ -249,3 +271,35 @@ def test_n_samples_take_their_seats_at_admission():
         assert len(sched.running) <= 4
         sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
         assert len(sched.running) <= 4
+
+
+def test_failed_admission_leaves_the_lru_order_alone():
+    """A head-of-queue request that does not fit must not refresh its cached prefix blocks in the LRU."""
+    kv = KVCacheManager(10, 4, enable_prefix_caching=True)
+    sched = Scheduler(SchedulerConfig(8, 64, "continuous"), kv, 10_000)
+    a = Request("a", list(range(10, 18)), SamplingParams(max_tokens=1))  # 2 full blocks, cached after
+    sched.add_request(a)
+    out = sched.schedule()
+    sched.update_from_output(out, [[1]])
+    assert a.is_finished
+    d = Request("d", list(range(30, 34)), SamplingParams(max_tokens=1))  # freed after a: more recent
+    sched.add_request(d)
+    out = sched.schedule()
+    sched.update_from_output(out, [[1]])
+    assert d.is_finished
+    b = Request("b", list(range(50, 70)), SamplingParams(max_tokens=8, ignore_eos=True))  # holds 5-6 blocks
+    sched.add_request(b)
+    out = sched.schedule()
+    sched.update_from_output(out, [[1]])
+    cached_a = [blk for blk in kv.find_cached_prefix(Request("q", a.prompt_token_ids, a.params))[0]]
+    assert len(cached_a) == 2 and all(kv.pool.ref_counts[blk] == 0 for blk in cached_a)
+    c = Request("c", a.prompt_token_ids + list(range(80, 100)), SamplingParams(max_tokens=1))  # needs 7
+    sched.add_request(c)
+    before = list(kv.pool.free_queue)
+    out = sched.schedule()  # b decodes; c does not fit
+    assert c in sched.waiting and [s.request for s in out.scheduled] == [b]
+    after = list(kv.pool.free_queue)
+    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
+    assert set(cached_a) <= set(after)
+    sched.update_from_output(out, [[1]])
+    sched.check_invariants()
