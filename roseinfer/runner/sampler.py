@@ -13,7 +13,7 @@ from roseinfer.sampling_params import SamplingParams
 class SamplingBatch:
     """Per-row sampling settings as tensors, built once per step for the rows that sample."""
 
-    temperature: torch.Tensor | None  # [N] float32, 1.0 for greedy rows (unused there); None if all greedy
+    temperature: torch.Tensor | None  # [N] float32, 0.0 for greedy rows; None if all greedy
     top_k: torch.Tensor | None  # [N] int64, vocab size where disabled; None if no row uses it
     top_p: torch.Tensor | None  # [N] float32
     min_p: torch.Tensor | None  # [N] float32
@@ -33,7 +33,7 @@ class SamplingBatch:
         all_greedy = all(greedy)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(None, None, None, None, None, True, True, generators)
-        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
@@ -78,9 +78,12 @@ def apply_top_k_top_p(
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """logits [N, V] (any float dtype) -> token ids [N] int64."""
+    if _fused_sampling_for(logits, batch):
+        return _sample_fused(logits, batch)
     if batch.all_greedy:  # the argmax needs no float32 copy of the logits
         return logits.argmax(dim=-1)
-    scores = logits.float() / batch.temperature.unsqueeze(1)
+    # Greedy rows carry temperature 0: divide them by 1 (their draw is replaced by the argmax below).
+    scores = logits.float() / torch.where(batch.greedy, 1.0, batch.temperature).unsqueeze(1)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, with no host sync and per-row noise.
     noise = torch.empty_like(scores).exponential_()
     for row, gen in enumerate(batch.generators):
@@ -99,3 +102,35 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if not batch.any_greedy:
         return sampled
     return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
+
+
+def _fused_sampling_for(logits: torch.Tensor, batch: SamplingBatch) -> bool:
+    """The one-pass Triton sampler serves greedy and plain-temperature rows on CUDA."""
+    return (
+        logits.is_cuda
+        and _sampling is not None
+        and batch.top_k is None
+        and batch.top_p is None
+        and batch.min_p is None
+    )
+
+
+def _sample_fused(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    assert _sampling is not None
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    if batch.all_greedy:
+        return _sampling.sample_tokens(logits, None, None)
+    n = logits.shape[0]
+    # Unseeded rows: consecutive seeds from one draw of the global generator; seeded rows: their own.
+    seeds = torch.randint(0, 2**62, (1,), device=logits.device) + torch.arange(n, device=logits.device)
+    for row, gen in enumerate(batch.generators):
+        if gen is not None:
+            seeds[row : row + 1] = torch.randint(0, 2**62, (1,), device=logits.device, generator=gen)
+    return _sampling.sample_tokens(logits, batch.temperature, seeds)
+
+
+try:
+    from roseinfer.kernels import sampling as _sampling
+except ImportError:  # CPU installs without Triton
+    _sampling = None

@@ -1,0 +1,131 @@
+"""Greedy and temperature sampling in one read of the logits (Gumbel-max), in two small launches.
+
+Row r draws `argmax(logits[r] / T[r] + G)` with G ~ Gumbel(0, 1) i.i.d. per token, which samples from
+`softmax(logits[r] / T[r])`; a row with T = 0 takes the plain argmax. The Gumbel noise comes from
+Philox (`tl.rand`) keyed by the row's seed, so a row's draw depends only on its seed and its logits.
+The first launch reduces chunks of each row to (best score, its index), the second picks each row's best
+chunk; ties go to the lowest token id, as `torch.argmax`. The torch path in `runner/sampler.py` stays the
+reference and serves top-k / top-p / min-p.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from roseinfer.kernels._common import is_interpret
+
+BLOCK_V = 4096  # tokens per chunk: each program reads 8 KiB of bf16 logits
+
+
+@triton.jit
+def _gumbel(seed, cols):
+    u = tl.rand(seed, cols)  # [0, 1)
+    return -tl.log(-tl.log(tl.maximum(u, 1e-20)))
+
+
+@triton.jit
+def _chunk_kernel(
+    logits_ptr,
+    stride_row,
+    temp_ptr,
+    seed_ptr,
+    vocab,
+    best_ptr,
+    index_ptr,
+    num_chunks,
+    GREEDY_ONLY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < vocab
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=mask, other=float("-inf"))
+    score = x.to(tl.float32)
+    if not GREEDY_ONLY:
+        t = tl.load(temp_ptr + row)
+        if t > 0.0:
+            score = score / t + _gumbel(tl.load(seed_ptr + row), cols)
+    score = tl.where(mask, score, float("-inf"))
+    best = tl.max(score, axis=0)
+    index = tl.argmax(score, axis=0)  # the first of equal maxima
+    tl.store(best_ptr + row * num_chunks + chunk, best)
+    tl.store(index_ptr + row * num_chunks + chunk, chunk * BLOCK + index)
+
+
+@triton.jit
+def _pick_kernel(best_ptr, index_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, CHUNKS)
+    m = c < num_chunks
+    best = tl.load(best_ptr + row * num_chunks + c, mask=m, other=float("-inf"))
+    index = tl.load(index_ptr + row * num_chunks + c, mask=m, other=2**31 - 1)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, index, 2**31 - 1), axis=0).to(tl.int64))
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [N, V], last dim contiguous
+    temperature: torch.Tensor | None,  # [N] float32, 0 = greedy; None = every row greedy
+    seeds: torch.Tensor | None,  # [N] int64 Philox seeds (rows with temperature > 0 read theirs)
+) -> torch.Tensor:
+    """Token ids [N] int64, with no host sync."""
+    num_rows, vocab = logits.shape
+    if logits.stride(-1) != 1:
+        raise ValueError("sample_tokens needs a contiguous last dimension")
+    greedy_only = temperature is None
+    if not greedy_only and (seeds is None or temperature.shape != (num_rows,) or seeds.shape != (num_rows,)):
+        raise ValueError("temperature and seeds must both be [num_rows]")
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    block = min(256 if is_interpret() else BLOCK_V, triton.next_power_of_2(vocab))
+    num_chunks = triton.cdiv(vocab, block)
+    best = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=logits.device)
+    index = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=logits.device)
+    dummy = best  # never read when GREEDY_ONLY
+    _chunk_kernel[(num_rows, num_chunks)](
+        logits,
+        logits.stride(0),
+        dummy if greedy_only else temperature,
+        dummy if greedy_only else seeds,
+        vocab,
+        best,
+        index,
+        num_chunks,
+        GREEDY_ONLY=greedy_only,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+    _pick_kernel[(num_rows,)](best, index, out, num_chunks, CHUNKS=triton.next_power_of_2(num_chunks))
+    return out
+
+
+@triton.jit
+def _noise_kernel(seed_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    g = _gumbel(tl.load(seed_ptr + row), cols)
+    tl.store(out_ptr + row.to(tl.int64) * vocab + cols, g, mask=cols < vocab)
+
+
+def gumbel_noise(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The noise `sample_tokens` adds for these seeds, [N, V] float32 (for tests)."""
+    out = torch.empty((seeds.shape[0], vocab), dtype=torch.float32, device=seeds.device)
+    block = 256
+    _noise_kernel[(seeds.shape[0], triton.cdiv(vocab, block))](seeds, out, vocab, BLOCK=block)
+    return out
+
+
+def sample_tokens_ref(
+    logits: torch.Tensor, temperature: torch.Tensor | None, gumbel: torch.Tensor
+) -> torch.Tensor:
+    """The same draw in torch, given the Gumbel noise [N, V] explicitly."""
+    scores = logits.float()
+    if temperature is None:
+        return scores.argmax(dim=-1)
+    t = temperature.float().unsqueeze(1)
+    noisy = scores / t.clamp(min=1e-20) + gumbel
+    return torch.where(t.squeeze(1) > 0, noisy.argmax(dim=-1), scores.argmax(dim=-1))
