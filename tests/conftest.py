@@ -94,3 +94,30 @@ def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("hf_tokenizer")
     hf_tok.save_pretrained(str(out_dir))
     return out_dir
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Llama in HF format (no tokenizer)."""
+    from tests.models.tiny_models import save_hf_model
+
+    directory = tmp_path_factory.mktemp("llama")
+    save_hf_model("llama", directory)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def model_with_tokenizer(hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Llama whose vocabulary is the locally trained tokenizer's."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from tests.models.tiny_models import save_hf_model
+
+    vocab = len(AutoTokenizer.from_pretrained(hf_tokenizer_dir))
+    directory = tmp_path_factory.mktemp("llama-with-tokenizer")
+    save_hf_model("llama", directory, vocab_size=vocab, bos_token_id=0, eos_token_id=0)
+    for f in hf_tokenizer_dir.iterdir():
+        shutil.copy(f, directory / f.name)
+    return str(directory)

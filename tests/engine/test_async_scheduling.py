@@ -9,14 +9,6 @@ import torch
 import roseinfer.runner.cuda_graphs as cuda_graphs
 import roseinfer.runner.inputs as inputs
 from roseinfer import LLM, SamplingParams
-from tests.models.tiny_models import save_hf_model
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("async-llama")
-    save_hf_model("llama", directory)
-    return str(directory)
 
 
 def make(llama_dir: str, async_scheduling: bool, **kw) -> LLM:

@@ -12,14 +12,6 @@ from roseinfer.request import Request, RequestStatus
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.inputs import build_host_step
 from roseinfer.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from tests.models.tiny_models import save_hf_model
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("review-llama")
-    save_hf_model("llama", directory)
-    return str(directory)
 
 
 def make(llama_dir: str, **kw) -> LLM:

@@ -28,8 +28,8 @@ def run(llm: LLM):
     return llm.generate(prompts, params, use_tqdm=False)
 
 
-def test_text_matches_token_ids_with_a_fork_step_beside_decodes(tok_model_dir):
-    sync, fast = make(tok_model_dir, False), make(tok_model_dir, True)
+def test_text_matches_token_ids_with_a_fork_step_beside_decodes(model_with_tokenizer):
+    sync, fast = make(model_with_tokenizer, False), make(model_with_tokenizer, True)
     want = run(sync)[0].outputs[0]
     got = run(fast)[0].outputs[0]
     assert got.token_ids == want.token_ids

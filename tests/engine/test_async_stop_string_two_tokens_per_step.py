@@ -29,8 +29,8 @@ def run(llm: LLM, stop: list[str] | None):
     return llm.generate(prompts, params, use_tqdm=False)
 
 
-def test_stop_string_in_the_earlier_of_two_resolved_tokens(tok_model_dir):
-    sync, fast = make(tok_model_dir, False), make(tok_model_dir, True)
+def test_stop_string_in_the_earlier_of_two_resolved_tokens(model_with_tokenizer):
+    sync, fast = make(model_with_tokenizer, False), make(model_with_tokenizer, True)
     free = run(sync, None)[0].outputs[0]
     first = sync.tokenizer.decode(free.token_ids[:1])
     assert first and first not in sync.tokenizer.decode(free.token_ids[1:])
