@@ -84,31 +84,32 @@ class KVCacheManager:
                 num_tokens = known
         return blocks, num_tokens
 
-    def admit(self, req: Request) -> int:
-        """Attach the cached prefix to a request entering the running set; returns the hit in tokens.
-
-        At least the last token is always left to compute: its logits are needed.
-        """
-        assert not req.block_ids
-        blocks, hit = self.find_cached_prefix(req)
-        write = min(hit, req.num_tokens - 1) // self.block_size
-        if write < len(blocks) and blocks[write] in self.fresh:
-            blocks, hit = blocks[:write], write * self.block_size  # recompute it: never copy a fresh block
-        self.pool.incref(blocks)
-        req.block_ids = blocks
-        req.num_computed_tokens = min(hit, req.num_tokens - 1)
-        req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
-        return hit
-
-    def admission_fits(self, req: Request, max_new_tokens: int) -> bool:
-        """Dry run of `admit` + `allocate_slots` for up to `max_new_tokens`: would the pool have the
-        blocks? Asking first spares a failed admission its rollback, which would move the request's cached
-        blocks to the most recently used end of the free queue."""
-        assert not req.block_ids
+    def usable_prefix(self, req: Request) -> tuple[list[int], int]:
+        """The cached prefix `admit` would attach, and its length in tokens: a fresh block (filled by this
+        step) in the position the request writes first is recomputed, since a fresh block is never copied."""
         blocks, hit = self.find_cached_prefix(req)
         write = min(hit, req.num_tokens - 1) // self.block_size
         if write < len(blocks) and blocks[write] in self.fresh:
             blocks, hit = blocks[:write], write * self.block_size
+        return blocks, hit
+
+    def admit(self, req: Request, prefix: tuple[list[int], int] | None = None) -> int:
+        """Attach the cached prefix (`usable_prefix`, unless given) to a request entering the running set;
+        returns the hit in tokens. At least the last token is always left to compute: its logits are needed.
+        """
+        assert not req.block_ids
+        blocks, hit = prefix if prefix is not None else self.usable_prefix(req)
+        self.pool.incref(blocks)
+        req.block_ids = list(blocks)
+        req.num_computed_tokens = min(hit, req.num_tokens - 1)
+        req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
+        return hit
+
+    def admission_fits(self, req: Request, max_new_tokens: int, prefix: tuple[list[int], int]) -> bool:
+        """Dry run of `admit(req, prefix)` + `allocate_slots` for up to `max_new_tokens`: would the pool
+        have the blocks? Asking first spares a failed admission its rollback, which would move the request's
+        cached blocks to the most recently used end of the free queue."""
+        blocks, hit = prefix
         start = min(hit, req.num_tokens - 1)
         end = start + min(req.num_tokens - start, max_new_tokens)
         revived = sum(1 for b in blocks if self.pool.ref_counts[b] == 0)  # leave the free queue on a hit

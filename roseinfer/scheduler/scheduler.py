@@ -189,9 +189,10 @@ class Scheduler:
                 break  # preempted with a token in flight: it rejoins once that token is known
             if self.running and taken + self._seats(req) > max_seqs:
                 break
-            if not self.kv.admission_fits(req, budget):
+            prefix = self.kv.usable_prefix(req)
+            if not self.kv.admission_fits(req, budget, prefix):
                 break
-            hit = self.kv.admit(req)
+            hit = self.kv.admit(req, prefix)
             num_new = req.num_tokens - req.num_computed_tokens
             fits = num_new <= budget or self.config.enable_chunked_prefill or form_batch
             num_new = min(num_new, budget)

@@ -36,8 +36,8 @@ def _check_admission_dry_runs(kv: KVCacheManager) -> None:
     fits, allocate = kv.admission_fits, kv.allocate_slots
     promised: set[int] = set()
 
-    def admission_fits(req, max_new):
-        ok = fits(req, max_new)
+    def admission_fits(req, max_new, prefix):
+        ok = fits(req, max_new, prefix)
         if ok:
             promised.add(id(req))
         return ok
