@@ -1,9 +1,11 @@
-"""Attention through the Triton kernels: store the step's K/V, then paged decode or paged prefill attention.
+"""Attention through the Triton kernels.
 
-Decode-only steps (every sequence has one new token, row i <-> sequence i) take the split-K decode kernel;
-anything else (prefill chunks, or decodes mixed with prefills) takes the prefill kernel, which handles
-one-token chunks too. For decode the whole path is CUDA-graph safe: no host syncs, and every allocation
-and launch shape depends only on tensor shapes and `meta.max_seq_len` (a host int).
+A decode-only step (every sequence has one new token, row i <-> sequence i) is one launch per layer: the
+split-K decode kernel rotates q and the new k in registers, attends to the new token from them and writes
+its K/V to the cache. Any other step first stores its K/V (rotating in the same launch), then runs the
+prefill kernel, except for the decodes at its front, which take the decode kernel. For decode the whole
+path is CUDA-graph safe: no host syncs, and every allocation and launch shape depends only on tensor
+shapes and `meta.max_seq_len` (a host int).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.block_copy import copy_blocks
 from roseinfer.kernels.kv_store import store_kv
-from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+from roseinfer.kernels.paged_decode_attention import NewTokenKV, choose_num_splits, paged_decode_attention
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 from roseinfer.kernels.rotary import apply_rotary_and_store_kv
 from roseinfer.profiling import record
@@ -35,20 +37,24 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        num_seqs = meta.seq_lens.shape[0]
+        out = torch.empty_like(q)
+        if meta.is_decode_only:
+            # One launch: the kernel rotates q and the new k in registers, attends to the new token from
+            # them, and writes its K/V to the cache slot.
+            batch = min(num_tokens, num_seqs)
+            new_kv = NewTokenKV(k[:batch], v[:batch], meta.slot_mapping[:batch], rope)
+            with record("kv_write+attention"):
+                self._decode(q, k_cache, v_cache, meta, scale, out, batch, meta.max_seq_len, new_kv)
+            if batch < num_tokens:
+                out[batch:].zero_()  # rows without a sequence (padding)
+            return out
         with record("kv_write"):
             if rope is None:
                 store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
                 apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
-        num_tokens = q.shape[0]
-        num_seqs = meta.seq_lens.shape[0]
-        out = torch.empty_like(q)
-        if meta.is_decode_only:
-            batch = min(num_tokens, num_seqs)
-            self._decode(q, k_cache, v_cache, meta, scale, out, batch, meta.max_seq_len)
-            if batch < num_tokens:
-                out[batch:].zero_()  # rows without a sequence (padding)
-            return out
         # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
         covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
         if covered < num_tokens:
@@ -81,8 +87,10 @@ class TritonAttentionBackend(AttentionBackend):
         out: torch.Tensor,
         batch: int,
         max_seq_len: int,
+        new_kv: NewTokenKV | None = None,
     ) -> None:
-        """Rows 0..batch-1 are sequences 0..batch-1, one new token each."""
+        """Rows 0..batch-1 are sequences 0..batch-1, one new token each (already in the cache unless
+        `new_kv` brings it)."""
         num_splits = choose_num_splits(batch, k_cache.shape[2], max_seq_len, q.device)
         paged_decode_attention(
             q[:batch],
@@ -93,6 +101,7 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             out=out[:batch],
             num_splits=num_splits,
+            new_kv=new_kv,
         )
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

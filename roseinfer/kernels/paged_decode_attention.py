@@ -2,15 +2,22 @@
 
 Program (b, kv_head, split) walks a contiguous, BLOCK_N-aligned share of sequence b's keys, loads each K/V
 tile once and serves all `num_heads // num_kv_heads` query heads of that kv head with one `tl.dot` (the
-query heads are padded to a tile of at least 16 rows). It writes a partial (running max, running sum,
-unnormalised accumulator) per split; a second kernel merges the splits. With one split the first kernel
-normalises and writes the output itself.
+query heads are padded to a tile of at least 16 rows). With one split it normalises and writes the output.
+With several, each program writes a partial (running max, running sum, unnormalised accumulator) and takes
+a ticket; the last of a (sequence, kv head)'s programs to finish merges the partials, so there is no second
+launch.
+
+Given the step's new token (`NewTokenKV`), the kernel also does what a separate rotary + KV-store launch
+would: it rotates q and the new k in registers, attends to the new token from them, and writes its K/V to
+the cache slot. A decode step is then one launch per layer.
 
 The split boundaries come from `seq_lens` on the device, so the launch depends only on shapes and
 `num_splits` (CUDA-graph safe); `num_splits` only changes how the work is cut, never the result.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,7 +41,7 @@ PROGRAMS_PER_SM = 3
 
 
 @triton.jit
-def _decode_split_kernel(
+def _decode_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
@@ -44,8 +51,15 @@ def _decode_split_kernel(
     part_m_ptr,
     part_l_ptr,
     part_acc_ptr,
+    counters_ptr,
+    k_new_ptr,
+    v_new_ptr,
+    slot_ptr,
+    pos_ptr,
+    cos_sin_ptr,
     qk_scale,
     num_q_heads,
+    num_kv_heads,
     num_splits,
     stride_qb,
     stride_qh,
@@ -58,13 +72,19 @@ def _decode_split_kernel(
     stride_btb,
     stride_ob,
     stride_oh,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    DIRECT_OUT: tl.constexpr,
+    APPEND: tl.constexpr,
+    ROPE: tl.constexpr,
+    SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
@@ -78,28 +98,40 @@ def _decode_split_kernel(
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
     start = split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seq_len)
+    # With APPEND the last key (index seq_len - 1) is the step's own token: it comes from k_new/v_new, not
+    # from the cache, and the program whose share holds that index writes it into the cache.
+    cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
 
+    # Each head is handled as two halves (the neox rotary pairs element i with i + HALF), so q and k can be
+    # rotated in registers without a concatenation; scores are the sum of two half dot products.
     g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, D_PAD)
+    d = tl.arange(0, HALF_PAD)
     heads = kvh * GROUP + g
     g_mask = g < GROUP
-    d_mask = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    d_mask = d < HALF
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + d[None, :]
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q_lo = tl.load(q_rows, mask=q_mask, other=0.0)
+    q_hi = tl.load(q_rows + HALF, mask=q_mask, other=0.0)
+    if ROPE:
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + d, mask=d_mask, other=0.0)
+        sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + d, mask=d_mask, other=0.0)
+        q_lo, q_hi = _rotate(q_lo, q_hi, cos[None, :], sin[None, :])
+    q_lo = q_lo.to(DOT_DTYPE)
+    q_hi = q_hi.to(DOT_DTYPE)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
+    acc_lo = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
+    acc_hi = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
 
     bt_row = block_tables_ptr + b64 * stride_btb
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(start, cached_end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
+        n_mask = n < cached_end
         if BLOCK_SIZE >= BLOCK_N:
             # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
             blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)
@@ -110,68 +142,106 @@ def _decode_split_kernel(
             k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
             v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+        k_ptrs = k_base + k_rows[:, None] + d[None, :]
+        k_lo = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        k_hi = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        s = tl.dot(q_lo, tl.trans(k_lo), input_precision=PRECISION)
+        s = tl.dot(q_hi, tl.trans(k_hi), s, input_precision=PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
-        )
+        v_ptrs = v_base + v_rows[:, None] + d[None, :]
+        v_lo = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        v_hi = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
+        p = p.to(v_lo.dtype).to(DOT_DTYPE)
+        acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo.to(DOT_DTYPE), input_precision=PRECISION)
+        acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi.to(DOT_DTYPE), input_precision=PRECISION)
         m_i = m_new
 
-    if DIRECT_OUT:
-        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=g_mask[:, None] & d_mask[None, :],
-        )
+    if APPEND:
+        own = seq_len - 1
+        if (own >= start) & (own < end):
+            kn = k_new_ptr + b64 * stride_knb + kvh * stride_knh + d
+            vn = v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d
+            nk_lo = tl.load(kn, mask=d_mask, other=0.0)
+            nk_hi = tl.load(kn + HALF, mask=d_mask, other=0.0)
+            nv_lo = tl.load(vn, mask=d_mask, other=0.0)
+            nv_hi = tl.load(vn + HALF, mask=d_mask, other=0.0)
+            if ROPE:
+                nk_lo, nk_hi = _rotate(nk_lo, nk_hi, cos, sin)
+            s_new = tl.sum(q_lo.to(tl.float32) * nk_lo.to(tl.float32)[None, :], axis=1)
+            s_new = (s_new + tl.sum(q_hi.to(tl.float32) * nk_hi.to(tl.float32)[None, :], axis=1)) * qk_scale
+            m_up = tl.maximum(m_i, s_new)
+            a_up = tl.exp2(m_i - m_up)
+            p_new = tl.exp2(s_new - m_up)
+            l_i = l_i * a_up + p_new
+            p_new = p_new.to(nv_lo.dtype).to(tl.float32)
+            acc_lo = acc_lo * a_up[:, None] + p_new[:, None] * nv_lo.to(tl.float32)[None, :]
+            acc_hi = acc_hi * a_up[:, None] + p_new[:, None] * nv_hi.to(tl.float32)[None, :]
+            m_i = m_up
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            if slot >= 0:
+                kc = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks
+                kc += kvh * stride_kh + d
+                vc = v_cache_ptr + (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs
+                vc += kvh * stride_vh + d
+                cache_dtype = k_cache_ptr.dtype.element_ty
+                tl.store(kc, nk_lo.to(cache_dtype), mask=d_mask)
+                tl.store(kc + HALF, nk_hi.to(cache_dtype), mask=d_mask)
+                tl.store(vc, nv_lo.to(cache_dtype), mask=d_mask)
+                tl.store(vc + HALF, nv_hi.to(cache_dtype), mask=d_mask)
+
+    o_rows = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :]
+    out_dtype = out_ptr.dtype.element_ty
+    if not SPLIT:
+        inv = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
+        tl.store(o_rows, (acc_lo * inv[:, None]).to(out_dtype), mask=q_mask)
+        tl.store(o_rows + HALF, (acc_hi * inv[:, None]).to(out_dtype), mask=q_mask)
     else:
-        # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, HEAD_DIM] (acc), contiguous.
-        row = (b64 * num_q_heads + heads) * num_splits + split
-        tl.store(part_m_ptr + row, m_i, mask=g_mask)
-        tl.store(part_l_ptr + row, l_i, mask=g_mask)
-        tl.store(
-            part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=g_mask[:, None] & d_mask[None, :]
-        )
+        # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, 2 * HALF] (acc), contiguous.
+        rows = (b64 * num_q_heads + heads) * num_splits
+        tl.store(part_m_ptr + rows + split, m_i, mask=g_mask)
+        tl.store(part_l_ptr + rows + split, l_i, mask=g_mask)
+        acc_rows = part_acc_ptr + (rows + split)[:, None] * (2 * HALF) + d[None, :]
+        tl.store(acc_rows, acc_lo, mask=q_mask)
+        tl.store(acc_rows + HALF, acc_hi, mask=q_mask)
+        # The last of this (sequence, kv head)'s programs to finish merges every split: no second launch.
+        # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
+        tl.debug_barrier()
+        counter = counters_ptr + b64 * num_kv_heads + kvh
+        ticket = tl.atomic_add(counter, 1)
+        if ticket == num_splits - 1:
+            m_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+            for sp in range(num_splits):
+                m_max = tl.maximum(
+                    m_max, tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
+                )
+            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
+            total = tl.zeros([GROUP_PAD], dtype=tl.float32)
+            o_lo = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
+            o_hi = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
+            for sp in range(num_splits):
+                w = tl.exp2(
+                    tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg") - m_max
+                )
+                total += w * tl.load(part_l_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
+                a_rows = part_acc_ptr + (rows + sp)[:, None] * (2 * HALF) + d[None, :]
+                o_lo += w[:, None] * tl.load(a_rows, mask=q_mask, other=0.0, cache_modifier=".cg")
+                o_hi += w[:, None] * tl.load(a_rows + HALF, mask=q_mask, other=0.0, cache_modifier=".cg")
+            inv = 1.0 / tl.where(total > 0.0, total, 1.0)
+            tl.store(o_rows, (o_lo * inv[:, None]).to(out_dtype), mask=q_mask)
+            tl.store(o_rows + HALF, (o_hi * inv[:, None]).to(out_dtype), mask=q_mask)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    out_ptr,
-    part_m_ptr,
-    part_l_ptr,
-    part_acc_ptr,
-    num_q_heads,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, D_PAD)
-    s_mask = s < num_splits
-    d_mask = d < HEAD_DIM
-    row = (b * num_q_heads + h) * num_splits + s
-    m = tl.load(part_m_ptr + row, mask=s_mask, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
-    m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty (seq_len 0): weights all 0
-    w = tl.exp2(m - m_max)
-    total = tl.sum(w * l_s, axis=0)
-    acc = tl.load(
-        part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0
-    )
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_mask)
+def _rotate(lo, hi, cos, sin):
+    """Neox rotation of the two halves in float32, rounded back to the input dtype (as the rotary kernel)."""
+    lo_f = lo.to(tl.float32)
+    hi_f = hi.to(tl.float32)
+    return (lo_f * cos - hi_f * sin).to(lo.dtype), (hi_f * cos + lo_f * sin).to(lo.dtype)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -189,17 +259,50 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
     return max(1, splits)
 
 
-def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
+def _decode_config(half_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages)."""
     if is_interpret():
         return 32, 4, 1
-    if dtype == torch.float32 or head_dim_pad > 128:
+    if dtype == torch.float32 or half_pad > 64:
         return 32, 4, 2
     # Swept on H100/H200 (bf16, block size 16, CUDA-graph timed): 16 KiB K and V tiles are best; D=128 at
     # batch 64 x 4k reads K/V at ~97% of the device-to-device copy bandwidth.
-    if head_dim_pad <= 64:
+    if half_pad <= 32:
         return 128, 4, 3
     return 64, 4, 3
+
+
+@dataclass(frozen=True)
+class NewTokenKV:
+    """Each sequence's own token of this step, which the decode kernel attends to and stores itself.
+
+    `k`/`v` [B, Hkv, D] (views are fine); `slot_mapping` [B] is where they go in the cache (< 0: nowhere).
+    With `rope` = (positions [B], cos_sin [max_pos, D] float32) the kernel also rotates q and k (neox
+    halves) on the fly, so the step needs no separate rotary or KV-store launch.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slot_mapping: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _merge_counters(device: torch.device, needed: int) -> torch.Tensor:
+    """A zeroed int32 ticket counter per (sequence, kv head), shared by every launch on `device`: each
+    launch leaves it zeroed again. Allocated outside CUDA-graph capture (the engine warms up eagerly)."""
+    counters = _COUNTERS.get(device)
+    if counters is None or counters.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"paged decode attention needs {needed} merge counters but has "
+                f"{0 if counters is None else counters.numel()}: run one eager step of this size before capture"
+            )
+        counters = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[device] = counters
+    return counters
 
 
 def paged_decode_attention(
@@ -211,17 +314,22 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    new_kv: NewTokenKV | None = None,
 ) -> torch.Tensor:
-    """Attention of one query token per sequence over its `seq_lens[b]` cached keys; returns [B, Hq, D].
+    """Attention of one query token per sequence over its `seq_lens[b]` keys; returns [B, Hq, D].
 
-    A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from the batch shape
-    and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with the step's
-    max_seq_len) to control it.
+    Without `new_kv` every key is read from the cache. With it, key `seq_lens[b] - 1` is the sequence's
+    new token: taken from `new_kv` (rotated with q when it carries `rope`) and written to its cache slot
+    by the kernel. A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from
+    the batch shape and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with
+    the step's max_seq_len) to control it.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     batch, num_q_heads, q_dim = q.shape
     if q_dim != head_dim:
         raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     if seq_lens.shape[0] < batch or block_tables.shape[0] < batch:
@@ -234,27 +342,34 @@ def paged_decode_attention(
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
+    if new_kv is not None:
+        _check_new_kv(new_kv, batch, num_kv_heads, head_dim)
     if batch == 0:
         return out
 
     group = num_q_heads // num_kv_heads
-    group_pad = max(16, triton.next_power_of_2(group))
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    half = head_dim // 2
+    half_pad = max(16, triton.next_power_of_2(half))
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
-    block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
-    direct = num_splits == 1
-    if direct:
-        part_m = part_l = part_acc = out  # unused
-    else:
+    block_n, num_warps, num_stages = _decode_config(half_pad, q.dtype)
+    split = num_splits > 1
+    if split:
         part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(
             (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
+        counters = _merge_counters(q.device, batch * num_kv_heads)
+    else:
+        part_m = part_l = part_acc = counters = out  # unused
+    k_new, v_new = (new_kv.k, new_kv.v) if new_kv is not None else (q, q)
+    slots = new_kv.slot_mapping if new_kv is not None else seq_lens
+    rope = new_kv.rope if new_kv is not None else None
+    positions, cos_sin = rope if rope is not None else (seq_lens, out)
 
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -264,8 +379,15 @@ def paged_decode_attention(
         part_m,
         part_l,
         part_acc,
+        counters,
+        k_new,
+        v_new,
+        slots,
+        positions,
+        cos_sin,
         scale * LOG2E,
         num_q_heads,
+        num_kv_heads,
         num_splits,
         q.stride(0),
         q.stride(1),
@@ -278,34 +400,40 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
         GROUP=group,
-        GROUP_PAD=group_pad,
-        HEAD_DIM=head_dim,
-        D_PAD=d_pad,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HALF=half,
+        HALF_PAD=half_pad,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
-        DIRECT_OUT=direct,
+        APPEND=new_kv is not None,
+        ROPE=rope is not None,
+        SPLIT=split,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if not direct:
-        _decode_reduce_kernel[(batch, num_q_heads)](
-            out,
-            part_m,
-            part_l,
-            part_acc,
-            num_q_heads,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            D_PAD=d_pad,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4 if d_pad >= 128 else 2,
-        )
     return out
+
+
+def _check_new_kv(new_kv: NewTokenKV, batch: int, num_kv_heads: int, head_dim: int) -> None:
+    for name, t in (("k", new_kv.k), ("v", new_kv.v)):
+        if t.dim() != 3 or t.shape[0] < batch or t.shape[1:] != (num_kv_heads, head_dim) or t.stride(-1) != 1:
+            raise ValueError(
+                f"new_kv.{name} must be [{batch}, {num_kv_heads}, {head_dim}] with a contiguous last dim, "
+                f"got {tuple(t.shape)}"
+            )
+    if new_kv.slot_mapping.shape[0] < batch:
+        raise ValueError("new_kv.slot_mapping has fewer rows than q")
+    if new_kv.rope is not None:
+        positions, cos_sin = new_kv.rope
+        if positions.shape[0] < batch or cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim:
+            raise ValueError(f"new_kv.rope needs positions [{batch}] and cos_sin [max_pos, {head_dim}]")
 
 
 def gather_sequence_kv(

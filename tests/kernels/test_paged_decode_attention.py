@@ -8,10 +8,14 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed")
 
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
+    _COUNTERS,
+    NewTokenKV,
     choose_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
+from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
 
 
@@ -119,6 +123,109 @@ def test_choose_num_splits() -> None:
     few = choose_num_splits(1, 2, 32768, dev)
     assert few > 1
     assert choose_num_splits(1, 2, 32768, dev) >= choose_num_splits(8, 2, 32768, dev)
+
+
+# ---------------------------------------------------------------- the step's own token (new_kv)
+
+
+def _run_append(
+    seq_lens: list[int],
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    num_splits: int | None,
+    rope: bool,
+    seed_tag: str,
+) -> None:
+    """Key seq_len-1 of each sequence is the new token: NaN in the cache before the launch (the kernel must
+    not read it), given unrotated in new_kv, and expected rotated in its slot afterwards."""
+    gen = generator(
+        "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits
+    )
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    batch = len(seq_lens)
+    lens = torch.tensor(seq_lens)
+    last = (lens - 1).clamp(min=0)
+    tables = cache.block_tables.cpu().long()
+    slots = torch.where(
+        lens > 0, tables[torch.arange(batch), last // block_size] * block_size + last % block_size, -1
+    )
+    blk, off = (slots.clamp(min=0) // block_size).to(DEVICE), (slots.clamp(min=0) % block_size).to(DEVICE)
+    # The new tokens' K/V live in a fused qkv-like buffer (strided views), as the model hands them over.
+    qkv = randn((batch, (num_heads + 2 * num_kv_heads) * head_dim), dtype, gen)
+    q = qkv[:, : num_heads * head_dim].view(batch, num_heads, head_dim)
+    k_new = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(
+        batch, num_kv_heads, head_dim
+    )
+    v_new = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(batch, num_kv_heads, head_dim)
+    has = (lens > 0).to(DEVICE)
+    cache.k_cache[blk[has], off[has]] = float("nan")
+    cache.v_cache[blk[has], off[has]] = float("nan")
+    positions = last.to(torch.int32).to(DEVICE)
+    rot = RotaryEmbedding(head_dim, max(seq_lens) + 1, 10000.0, None)
+    rot.build(DEVICE)
+    assert rot.cos_sin is not None
+    q_ref, k_ref = apply_rotary_ref(q, k_new, positions, rot.cos_sin) if rope else (q.clone(), k_new.clone())
+    before = cache.kv.clone()
+    qkv_before = qkv.clone()
+
+    new_kv = NewTokenKV(
+        k_new, v_new, slots.to(torch.int32).to(DEVICE), (positions, rot.cos_sin) if rope else None
+    )
+    scale = head_dim**-0.5
+    out = paged_decode_attention(
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        cache.seq_lens,
+        scale,
+        num_splits=num_splits,
+        new_kv=new_kv,
+    )
+
+    assert torch.equal(qkv, qkv_before), "q, k and v of the step must be left as they were"
+    written = cache.kv.clone()
+    written[blk[has], 1, 0, off[has]] = float("nan")
+    written[blk[has], 1, 1, off[has]] = float("nan")
+    torch.testing.assert_close(written, before, equal_nan=True, atol=0, rtol=0)  # nothing else written
+    assert_close(cache.k_cache[blk[has], off[has]], k_ref[has], dtype)
+    assert torch.equal(cache.v_cache[blk[has], off[has]], v_new[has])
+    ref_k, ref_v = cache.k_cache.clone(), cache.v_cache.clone()
+    ref = paged_decode_attention_ref(q_ref, ref_k, ref_v, cache.block_tables, cache.seq_lens, scale)
+    assert_close(out, ref, dtype)
+    counters = _COUNTERS.get(DEVICE)
+    assert counters is None or not counters.any(), "the merge tickets must be left at zero"
+
+
+@pytest.mark.parametrize(
+    ("block_size", "seq_lens"),
+    [(1, [1, 7, 33]), (16, [16, 17, 1, 45]), (64, [64, 65, 3])],
+    ids=["bs1", "bs16", "bs64"],
+)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads"), [(4, 2), (14, 2), (4, 1)], ids=["gqa2", "gqa7", "mqa"]
+)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token(
+    block_size: int, seq_lens: list[int], num_heads: int, num_kv_heads: int, num_splits: int
+) -> None:
+    _run_append(seq_lens, block_size, num_heads, num_kv_heads, 64, torch.float32, num_splits, True, "shapes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("head_dim", [64, 128, 32, 80])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
+def test_decode_new_token_dtypes(dtype: torch.dtype, head_dim: int, rope: bool) -> None:
+    _run_append([5, 40, 16, 0], 16, 6, 2, head_dim, dtype, 2, rope, "dtypes")
+
+
+def test_decode_new_token_twice_in_a_row() -> None:
+    """Back-to-back split launches reuse the merge tickets: each must leave them at zero."""
+    for i in range(3):
+        _run_append([300, 2, 129], 16, 4, 2, 64, torch.float32, 5, True, f"again{i}")
 
 
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
