@@ -24,7 +24,7 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor'
 for s in "${sections[@]}"; do
   case $s in
-    tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels/test_fused_ops.py tests/kernels/test_sampling.py ;;
+    tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels ;;
     kernels) run kernels 'decode|prefill|copy' $RI bench kernels ;;
     roofline) run roofline-qwen '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape qwen2.5-0.5b --json "$OUT/roofline_qwen.json" ;;
     roofline-llama) run roofline-llama '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$OUT/roofline_llama.json" ;;

@@ -78,8 +78,8 @@ def _decode_kernel(
     stride_vnh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
-    HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     APPEND: tl.constexpr,
@@ -102,29 +102,30 @@ def _decode_kernel(
     # from the cache, and the program whose share holds that index writes it into the cache.
     cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
 
-    # Each head is handled as two halves (the neox rotary pairs element i with i + HALF), so q and k can be
-    # rotated in registers without a concatenation; scores are the sum of two half dot products.
     g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HALF_PAD)
+    d = tl.arange(0, D_PAD)
     heads = kvh * GROUP + g
     g_mask = g < GROUP
-    d_mask = d < HALF
-    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh + d[None, :]
+    d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
-    q_lo = tl.load(q_rows, mask=q_mask, other=0.0)
-    q_hi = tl.load(q_rows + HALF, mask=q_mask, other=0.0)
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
     if ROPE:
+        # Neox rotation of whole rows: x * cos + partner * (-sin | +sin), where element d's partner is
+        # d + D/2 in the first half and d - D/2 in the second (a second, permuted load of the same row).
+        half = HEAD_DIM // 2
+        partner = tl.where(d < half, d + half, d - half)
         pos = tl.load(pos_ptr + b).to(tl.int64)
-        cos = tl.load(cos_sin_ptr + pos * (2 * HALF) + d, mask=d_mask, other=0.0)
-        sin = tl.load(cos_sin_ptr + pos * (2 * HALF) + HALF + d, mask=d_mask, other=0.0)
-        q_lo, q_hi = _rotate(q_lo, q_hi, cos[None, :], sin[None, :])
-    q_lo = q_lo.to(DOT_DTYPE)
-    q_hi = q_hi.to(DOT_DTYPE)
+        cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
+        sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
+        sin = tl.where(d < half, -sin, sin)
+        q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
+        q = _rotate(q, q_partner, cos[None, :], sin[None, :])
+    q = q.to(DOT_DTYPE)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc_lo = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
-    acc_hi = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
 
     bt_row = block_tables_ptr + b64 * stride_btb
     k_base = k_cache_ptr + kvh * stride_kh
@@ -142,71 +143,56 @@ def _decode_kernel(
             k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
             v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_ptrs = k_base + k_rows[:, None] + d[None, :]
-        k_lo = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        k_hi = tl.load(k_ptrs + HALF, mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        s = tl.dot(q_lo, tl.trans(k_lo), input_precision=PRECISION)
-        s = tl.dot(q_hi, tl.trans(k_hi), s, input_precision=PRECISION) * qk_scale
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_ptrs = v_base + v_rows[:, None] + d[None, :]
-        v_lo = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        v_hi = tl.load(v_ptrs + HALF, mask=kv_mask, other=0.0)
-        p = p.to(v_lo.dtype).to(DOT_DTYPE)
-        acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo.to(DOT_DTYPE), input_precision=PRECISION)
-        acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi.to(DOT_DTYPE), input_precision=PRECISION)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
+        )
         m_i = m_new
 
     if APPEND:
         own = seq_len - 1
         if (own >= start) & (own < end):
-            kn = k_new_ptr + b64 * stride_knb + kvh * stride_knh + d
-            vn = v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d
-            nk_lo = tl.load(kn, mask=d_mask, other=0.0)
-            nk_hi = tl.load(kn + HALF, mask=d_mask, other=0.0)
-            nv_lo = tl.load(vn, mask=d_mask, other=0.0)
-            nv_hi = tl.load(vn + HALF, mask=d_mask, other=0.0)
+            kn = k_new_ptr + b64 * stride_knb + kvh * stride_knh
+            k_tok = tl.load(kn + d, mask=d_mask, other=0.0)
             if ROPE:
-                nk_lo, nk_hi = _rotate(nk_lo, nk_hi, cos, sin)
-            s_new = tl.sum(q_lo.to(tl.float32) * nk_lo.to(tl.float32)[None, :], axis=1)
-            s_new = (s_new + tl.sum(q_hi.to(tl.float32) * nk_hi.to(tl.float32)[None, :], axis=1)) * qk_scale
-            m_up = tl.maximum(m_i, s_new)
+                k_tok = _rotate(k_tok, tl.load(kn + partner, mask=d_mask, other=0.0), cos, sin)
+            v_tok = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d, mask=d_mask, other=0.0)
+            s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
+            m_up = tl.maximum(m_i, s_tok)
             a_up = tl.exp2(m_i - m_up)
-            p_new = tl.exp2(s_new - m_up)
-            l_i = l_i * a_up + p_new
-            p_new = p_new.to(nv_lo.dtype).to(tl.float32)
-            acc_lo = acc_lo * a_up[:, None] + p_new[:, None] * nv_lo.to(tl.float32)[None, :]
-            acc_hi = acc_hi * a_up[:, None] + p_new[:, None] * nv_hi.to(tl.float32)[None, :]
+            p_tok = tl.exp2(s_tok - m_up)
+            l_i = l_i * a_up + p_tok
+            p_tok = p_tok.to(v_tok.dtype).to(tl.float32)
+            acc = acc * a_up[:, None] + p_tok[:, None] * v_tok.to(tl.float32)[None, :]
             m_i = m_up
             slot = tl.load(slot_ptr + b).to(tl.int64)
             if slot >= 0:
-                kc = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kb + (slot % BLOCK_SIZE) * stride_ks
-                kc += kvh * stride_kh + d
-                vc = v_cache_ptr + (slot // BLOCK_SIZE) * stride_vb + (slot % BLOCK_SIZE) * stride_vs
-                vc += kvh * stride_vh + d
+                blk = slot // BLOCK_SIZE
+                off = slot % BLOCK_SIZE
                 cache_dtype = k_cache_ptr.dtype.element_ty
-                tl.store(kc, nk_lo.to(cache_dtype), mask=d_mask)
-                tl.store(kc + HALF, nk_hi.to(cache_dtype), mask=d_mask)
-                tl.store(vc, nv_lo.to(cache_dtype), mask=d_mask)
-                tl.store(vc + HALF, nv_hi.to(cache_dtype), mask=d_mask)
+                kc = k_cache_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
+                tl.store(kc + d, k_tok.to(cache_dtype), mask=d_mask)
+                vc = v_cache_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
+                tl.store(vc + d, v_tok.to(cache_dtype), mask=d_mask)
 
     o_rows = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :]
     out_dtype = out_ptr.dtype.element_ty
     if not SPLIT:
-        inv = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)
-        tl.store(o_rows, (acc_lo * inv[:, None]).to(out_dtype), mask=q_mask)
-        tl.store(o_rows + HALF, (acc_hi * inv[:, None]).to(out_dtype), mask=q_mask)
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(o_rows, out.to(out_dtype), mask=q_mask)
     else:
-        # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, 2 * HALF] (acc), contiguous.
+        # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, HEAD_DIM] (acc), contiguous.
         rows = (b64 * num_q_heads + heads) * num_splits
         tl.store(part_m_ptr + rows + split, m_i, mask=g_mask)
         tl.store(part_l_ptr + rows + split, l_i, mask=g_mask)
-        acc_rows = part_acc_ptr + (rows + split)[:, None] * (2 * HALF) + d[None, :]
-        tl.store(acc_rows, acc_lo, mask=q_mask)
-        tl.store(acc_rows + HALF, acc_hi, mask=q_mask)
+        tl.store(part_acc_ptr + (rows + split)[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
         # The last of this (sequence, kv head)'s programs to finish merges every split: no second launch.
         # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
         tl.debug_barrier()
@@ -215,33 +201,31 @@ def _decode_kernel(
         if ticket == num_splits - 1:
             m_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
             for sp in range(num_splits):
-                m_max = tl.maximum(
-                    m_max, tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
-                )
+                m_s = tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
+                m_max = tl.maximum(m_max, m_s)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
             total = tl.zeros([GROUP_PAD], dtype=tl.float32)
-            o_lo = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
-            o_hi = tl.zeros([GROUP_PAD, HALF_PAD], dtype=tl.float32)
+            merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
             for sp in range(num_splits):
-                w = tl.exp2(
-                    tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg") - m_max
-                )
+                m_s = tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
+                w = tl.exp2(m_s - m_max)
                 total += w * tl.load(part_l_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
-                a_rows = part_acc_ptr + (rows + sp)[:, None] * (2 * HALF) + d[None, :]
-                o_lo += w[:, None] * tl.load(a_rows, mask=q_mask, other=0.0, cache_modifier=".cg")
-                o_hi += w[:, None] * tl.load(a_rows + HALF, mask=q_mask, other=0.0, cache_modifier=".cg")
-            inv = 1.0 / tl.where(total > 0.0, total, 1.0)
-            tl.store(o_rows, (o_lo * inv[:, None]).to(out_dtype), mask=q_mask)
-            tl.store(o_rows + HALF, (o_hi * inv[:, None]).to(out_dtype), mask=q_mask)
+                acc_s = tl.load(
+                    part_acc_ptr + (rows + sp)[:, None] * HEAD_DIM + d[None, :],
+                    mask=q_mask,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                merged += w[:, None] * acc_s
+            out = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+            tl.store(o_rows, out.to(out_dtype), mask=q_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
-def _rotate(lo, hi, cos, sin):
-    """Neox rotation of the two halves in float32, rounded back to the input dtype (as the rotary kernel)."""
-    lo_f = lo.to(tl.float32)
-    hi_f = hi.to(tl.float32)
-    return (lo_f * cos - hi_f * sin).to(lo.dtype), (hi_f * cos + lo_f * sin).to(lo.dtype)
+def _rotate(x, partner, cos, signed_sin):
+    """Neox rotation in float32, rounded back to the input dtype (as the rotary kernel rounds it)."""
+    return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -259,15 +243,15 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
     return max(1, splits)
 
 
-def _decode_config(half_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
+def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages)."""
     if is_interpret():
         return 32, 4, 1
-    if dtype == torch.float32 or half_pad > 64:
+    if dtype == torch.float32 or head_dim_pad > 128:
         return 32, 4, 2
     # Swept on H100/H200 (bf16, block size 16, CUDA-graph timed): 16 KiB K and V tiles are best; D=128 at
     # batch 64 x 4k reads K/V at ~97% of the device-to-device copy bandwidth.
-    if half_pad <= 32:
+    if head_dim_pad <= 64:
         return 128, 4, 3
     return 64, 4, 3
 
@@ -348,12 +332,11 @@ def paged_decode_attention(
         return out
 
     group = num_q_heads // num_kv_heads
-    half = head_dim // 2
-    half_pad = max(16, triton.next_power_of_2(half))
+    d_pad = max(16, triton.next_power_of_2(head_dim))
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
-    block_n, num_warps, num_stages = _decode_config(half_pad, q.dtype)
+    block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
     split = num_splits > 1
     if split:
         part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -406,8 +389,8 @@ def paged_decode_attention(
         v_new.stride(1),
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
-        HALF=half,
-        HALF_PAD=half_pad,
+        HEAD_DIM=head_dim,
+        D_PAD=d_pad,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         APPEND=new_kv is not None,

@@ -254,3 +254,17 @@ def test_decode_gpu_few_long_sequences_split() -> None:
     lens = [32768, 30001]
     assert choose_num_splits(2, 8, 32768, DEVICE) > 1
     _run(lens, 16, 32, 8, 128, torch.bfloat16, None, "long")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"),
+    [(14, 2, 64), (32, 8, 128), (16, 1, 128)],
+    ids=["qwen0.5b", "llama8b", "mqa"],
+)
+def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    gen = generator("decode-new-gpu", dtype, num_heads, num_kv_heads, head_dim)
+    lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, 16, 17, 4096, 0]
+    for splits in (None, 1, 7):
+        _run_append(lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}")
