@@ -85,6 +85,8 @@ def _decode_kernel(
     APPEND: tl.constexpr,
     ROPE: tl.constexpr,
     SPLIT: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLITS_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
@@ -199,24 +201,37 @@ def _decode_kernel(
         counter = counters_ptr + b64 * num_kv_heads + kvh
         ticket = tl.atomic_add(counter, 1)
         if ticket == num_splits - 1:
-            m_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-            for sp in range(num_splits):
-                m_s = tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
-                m_max = tl.maximum(m_max, m_s)
+            # Every split's partials in one round of loads (not a loop of dependent ones): [G, S] and
+            # [G, S, D] in chunks of SPLITS_CHUNK splits, weighted by exp2(m - max m).
+            sp = tl.arange(0, SPLITS_PAD)
+            ms_mask = g_mask[:, None] & (sp < num_splits)[None, :]
+            idx = rows[:, None] + sp[None, :]
+            m_all = tl.load(part_m_ptr + idx, mask=ms_mask, other=float("-inf"), cache_modifier=".cg")
+            l_all = tl.load(part_l_ptr + idx, mask=ms_mask, other=0.0, cache_modifier=".cg")
+            m_max = tl.max(m_all, axis=1)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
-            total = tl.zeros([GROUP_PAD], dtype=tl.float32)
+            w_all = tl.exp2(m_all - m_max[:, None])
+            total = tl.sum(w_all * l_all, axis=1)
             merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-            for sp in range(num_splits):
-                m_s = tl.load(part_m_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
-                w = tl.exp2(m_s - m_max)
-                total += w * tl.load(part_l_ptr + rows + sp, mask=g_mask, other=0.0, cache_modifier=".cg")
-                acc_s = tl.load(
-                    part_acc_ptr + (rows + sp)[:, None] * HEAD_DIM + d[None, :],
-                    mask=q_mask,
+            c = tl.arange(0, SPLITS_CHUNK)
+            for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
+                c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
+                m_c = tl.load(
+                    part_m_ptr + rows[:, None] + c0 + c[None, :],
+                    mask=c_mask,
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+                w_c = tl.exp2(m_c - m_max[:, None])
+                acc_c = tl.load(
+                    part_acc_ptr
+                    + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM
+                    + d[None, None, :],
+                    mask=c_mask[:, :, None] & d_mask[None, None, :],
                     other=0.0,
                     cache_modifier=".cg",
                 )
-                merged += w[:, None] * acc_s
+                merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
             out = merged / tl.where(total > 0.0, total, 1.0)[:, None]
             tl.store(o_rows, out.to(out_dtype), mask=q_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
@@ -333,9 +348,11 @@ def paged_decode_attention(
 
     group = num_q_heads // num_kv_heads
     d_pad = max(16, triton.next_power_of_2(head_dim))
+    group_pad = max(16, triton.next_power_of_2(group))
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
+    splits_pad = triton.next_power_of_2(num_splits)
     block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
     split = num_splits > 1
     if split:
@@ -388,7 +405,7 @@ def paged_decode_attention(
         v_new.stride(0),
         v_new.stride(1),
         GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
         D_PAD=d_pad,
         BLOCK_SIZE=block_size,
@@ -396,6 +413,8 @@ def paged_decode_attention(
         APPEND=new_kv is not None,
         ROPE=rope is not None,
         SPLIT=split,
+        SPLITS_PAD=splits_pad,
+        SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         num_warps=num_warps,
