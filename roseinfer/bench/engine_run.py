@@ -47,6 +47,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
         extra={
             "add_time": t_added - t0,
             "prefill_step_time": stats.prefill_time,
+            "device_wait_time": stats.device_wait_time,
             "num_steps": stats.num_steps,
             "num_prompt_tokens_computed": stats.num_prompt_tokens_computed,
             "num_preemptions": core.scheduler.num_preemptions,

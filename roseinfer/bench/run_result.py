@@ -43,7 +43,15 @@ class RunResult:
                 f"Throughput (completion): {self.completion_throughput:.2f} tokens/s",
                 f"Throughput (total): {self.total_throughput:.2f} tokens/s",
             ]
+            + self._wait_line()
         )
+
+    def _wait_line(self) -> list[str]:
+        wait = self.extra.get("device_wait_time")
+        if wait is None:
+            return []
+        share = 100 * wait / self.total_time if self.total_time else 0.0
+        return [f"Host blocked on the device: {wait:.6f} seconds ({share:.0f}% of elapsed)"]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -28,9 +28,12 @@ class StepStats:
     decode_time: float = 0.0
     num_steps: int = 0
     num_prompt_tokens_computed: int = 0
+    # Host time spent blocked on the device for a step's tokens: near zero means the host, not the GPU,
+    # sets the pace (with async scheduling the host prepares step N+1 while step N runs).
+    device_wait_time: float = 0.0
 
     def reset(self) -> None:
-        self.prefill_time = self.decode_time = 0.0
+        self.prefill_time = self.decode_time = self.device_wait_time = 0.0
         self.num_steps = self.num_prompt_tokens_computed = 0
 
 
@@ -104,7 +107,9 @@ class EngineCore:
         assert self.inflight is not None
         out, future = self.inflight
         self.inflight = None
+        t0 = time.perf_counter()
         sampled = future.result()
+        self.stats.device_wait_time += time.perf_counter() - t0
         with record("update"):
             got, finished = self.scheduler.update_from_output(out, sampled)
         for req in finished:
