@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from roseinfer.bench.kernels import _graph_median_ms
 from roseinfer.config import ModelConfig
 from roseinfer.kernels.activation import silu_and_mul
-from roseinfer.kernels.gemv import gemv, gemv_tile
+from roseinfer.kernels.gemv import gemv
 from roseinfer.kernels.rmsnorm import rmsnorm
 
 SHAPES = {"llama-3.1-8b": 2, "qwen2.5-0.5b": 8}
@@ -90,12 +90,8 @@ def main() -> None:
             default_total += default
             tbps = gemms[0][kind][2] / us / 1e6
             print(f"{shape:<14} {kind:<18} {base:9.2f}  {default:10.2f}  {us:7.2f}  {tbps:9.2f}  {tile}")
-        w = gemms[0]["o+res"][1]
         print(
             f"{shape:<14} {'LAYER (default)':<18} {base_total:9.2f}  {default_total:10.2f}  x{base_total / default_total:.2f}"
-        )
-        print(
-            f"# default tiles: {[gemv_tile(n, k, torch.device('cuda')) for n, k in ((4096, 4096),)]} {w is not None}"
         )
 
 
