@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from roseinfer.bench.kernels import _graph_median_ms, _paged_cache
-from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+from roseinfer.kernels.paged_decode_attention import paged_decode_attention
+from roseinfer.kernels.paged_decode_split import choose_num_splits
 
 
 def main() -> None:

@@ -16,7 +16,8 @@ from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.block_copy import copy_blocks
 from roseinfer.kernels.kv_store import store_kv
-from roseinfer.kernels.paged_decode_attention import NewTokenKV, choose_num_splits, paged_decode_attention
+from roseinfer.kernels.paged_decode_attention import NewTokenKV, paged_decode_attention
+from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 from roseinfer.kernels.rotary import apply_rotary_and_store_kv
 from roseinfer.profiling import record

@@ -74,7 +74,8 @@ def _paged_cache(
 def _bench_decode(
     name: str, num_heads: int, num_kv_heads: int, head_dim: int, copy_gbs: float, gen: torch.Generator
 ) -> dict[str, Any]:
-    from roseinfer.kernels.paged_decode_attention import choose_num_splits, paged_decode_attention
+    from roseinfer.kernels.paged_decode_attention import paged_decode_attention
+    from roseinfer.kernels.paged_decode_split import choose_num_splits
 
     batch, ctx, block_size, dtype = 64, 4096, 16, torch.bfloat16
     device = gen.device

@@ -87,3 +87,14 @@ def check_paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int
     if block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of two, got {block_size}")
     return block_size, k_cache.shape[2], k_cache.shape[3]
+
+
+def gather_sequence_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's first `seq_len` keys and values, `[seq_len, Hkv, D]` each, read through its block table."""
+    block_size = k_cache.shape[1]
+    pos = torch.arange(seq_len, device=k_cache.device)
+    blocks = block_table.to(torch.int64)[pos // block_size]
+    offs = pos % block_size
+    return k_cache[blocks, offs], v_cache[blocks, offs]

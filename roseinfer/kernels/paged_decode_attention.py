@@ -28,16 +28,10 @@ from roseinfer.kernels._common import (
     check_paged_cache,
     dot_dtype,
     dot_precision,
+    gather_sequence_kv,
     is_interpret,
-    num_sms,
 )
-
-# A split shorter than this many keys is not worth its partial write and merge.
-MIN_KEYS_PER_SPLIT = 256
-MAX_SPLITS = 32
-# Aim for this many programs per SM: decode is bound by memory, and several resident programs per SM keep
-# enough loads in flight (on H100, 3 keeps batch 64 x 8 kv heads at one split, its fastest).
-PROGRAMS_PER_SM = 3
+from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 
 
 @triton.jit
@@ -243,21 +237,6 @@ def _rotate(x, partner, cos, signed_sin):
     return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """How many splits to cut each sequence into so that `batch * num_kv_heads * splits` fills the GPU.
-
-    Uses only host ints (no device reads), so it is safe under CUDA-graph capture; the result is a launch
-    shape, so a captured graph keeps the value it was captured with (it stays correct for any `seq_lens`).
-    """
-    programs = max(1, batch * num_kv_heads)
-    target = PROGRAMS_PER_SM * num_sms(device)
-    if programs >= target:
-        return 1
-    splits = triton.cdiv(target, programs)
-    splits = min(splits, triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), MAX_SPLITS)
-    return max(1, splits)
-
-
 def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages)."""
     if is_interpret():
@@ -284,24 +263,6 @@ class NewTokenKV:
     v: torch.Tensor
     slot_mapping: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _merge_counters(device: torch.device, needed: int) -> torch.Tensor:
-    """A zeroed int32 ticket counter per (sequence, kv head), shared by every launch on `device`: each
-    launch leaves it zeroed again. Allocated outside CUDA-graph capture (the engine warms up eagerly)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < needed:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"paged decode attention needs {needed} merge counters but has "
-                f"{0 if counters is None else counters.numel()}: run one eager step of this size before capture"
-            )
-        counters = torch.zeros(max(needed, 1 << 16), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
 
 
 def paged_decode_attention(
@@ -361,7 +322,7 @@ def paged_decode_attention(
         part_acc = torch.empty(
             (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
-        counters = _merge_counters(q.device, batch * num_kv_heads)
+        counters = merge_counters(q.device, batch * num_kv_heads)
     else:
         part_m = part_l = part_acc = counters = out  # unused
     k_new, v_new = (new_kv.k, new_kv.v) if new_kv is not None else (q, q)
@@ -436,17 +397,6 @@ def _check_new_kv(new_kv: NewTokenKV, batch: int, num_kv_heads: int, head_dim: i
         positions, cos_sin = new_kv.rope
         if positions.shape[0] < batch or cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim:
             raise ValueError(f"new_kv.rope needs positions [{batch}] and cos_sin [max_pos, {head_dim}]")
-
-
-def gather_sequence_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence's first `seq_len` keys and values, `[seq_len, Hkv, D]` each, read through its block table."""
-    block_size = k_cache.shape[1]
-    pos = torch.arange(seq_len, device=k_cache.device)
-    blocks = block_table.to(torch.int64)[pos // block_size]
-    offs = pos % block_size
-    return k_cache[blocks, offs], v_cache[blocks, offs]
 
 
 def paged_decode_attention_ref(

@@ -13,8 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import LOG2E, check_paged_cache, dot_dtype, dot_precision, is_interpret
-from roseinfer.kernels.paged_decode_attention import gather_sequence_kv
+from roseinfer.kernels._common import (
+    LOG2E,
+    check_paged_cache,
+    dot_dtype,
+    dot_precision,
+    gather_sequence_kv,
+    is_interpret,
+)
 
 
 @triton.jit

@@ -8,12 +8,11 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed")
 
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
-    _COUNTERS,
     NewTokenKV,
-    choose_num_splits,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
+from roseinfer.kernels.paged_decode_split import choose_num_splits, live_counters  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
@@ -196,7 +195,7 @@ def _run_append(
     ref_k, ref_v = cache.k_cache.clone(), cache.v_cache.clone()
     ref = paged_decode_attention_ref(q_ref, ref_k, ref_v, cache.block_tables, cache.seq_lens, scale)
     assert_close(out, ref, dtype)
-    counters = _COUNTERS.get(DEVICE)
+    counters = live_counters(DEVICE)
     assert counters is None or not counters.any(), "the merge tickets must be left at zero"
 
 
