@@ -203,13 +203,7 @@ class EngineConfig:
     tokenizer: str | None = None
     attention_backend: str = "torch"
     enforce_eager: bool = False
-    # Decode graphs of 16+ rows run their two halves on two streams (2) or the whole batch on one (1).
-    decode_streams: int = 1
     # Schedule step N+1 while step N runs on the device (its sampled ids are fed on the device).
     async_scheduling: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings
-
-    def __post_init__(self) -> None:
-        if self.decode_streams not in (1, 2):
-            raise ValueError(f"decode_streams must be 1 or 2, got {self.decode_streams}")

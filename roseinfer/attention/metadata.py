@@ -36,9 +36,6 @@ class AttentionMetadata:
     # Host copies, for the reference backend and for launch decisions; never read on the GPU.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
-    # Sequence i merges its decode splits through ticket-counter row `counter_offset + i`. Batches whose
-    # forwards run at the same time (the halves of a two-stream decode graph) take disjoint rows.
-    counter_offset: int = 0
 
     @property
     def num_seqs(self) -> int:

@@ -103,7 +103,6 @@ class TritonAttentionBackend(AttentionBackend):
             out=out[:batch],
             num_splits=num_splits,
             new_kv=new_kv,
-            counter_offset=meta.counter_offset,
         )
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

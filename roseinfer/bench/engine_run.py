@@ -92,7 +92,6 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "enable_chunked_prefill",
         "max_model_len",
         "async_scheduling",
-        "decode_streams",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -120,13 +119,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--attention-backend", default=None)
     engine.add_argument("--enforce-eager", action="store_true")
-    engine.add_argument(
-        "--decode-streams",
-        type=int,
-        choices=(1, 2),
-        default=None,
-        help="decode graphs of 16+ rows run their halves on two streams (2) or all rows on one (1)",
-    )
     if prefix_caching_flag:
         engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)

@@ -36,7 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--decode-streams", type=int, choices=(1, 2), default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", default=None)
 
@@ -122,7 +121,6 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=max_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
-        decode_streams=args.decode_streams,
         enable_prefix_caching=False,
     )
     core = llm.engine.core

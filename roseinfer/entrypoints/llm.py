@@ -45,7 +45,6 @@ def make_engine_config(
     max_model_len: int | None = None,
     attention_backend: str | None = None,
     enforce_eager: bool = False,
-    decode_streams: int = 1,
     async_scheduling: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
@@ -79,7 +78,6 @@ def make_engine_config(
         tokenizer=tokenizer,
         attention_backend=attention_backend,
         enforce_eager=enforce_eager,
-        decode_streams=decode_streams,
         async_scheduling=async_scheduling,
         seed=seed,
         max_model_len=max_len,

@@ -275,7 +275,6 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     new_kv: NewTokenKV | None = None,
-    counter_offset: int = 0,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its `seq_lens[b]` keys; returns [B, Hq, D].
 
@@ -283,8 +282,7 @@ def paged_decode_attention(
     new token: taken from `new_kv` (rotated with q when it carries `rope`) and written to its cache slot
     by the kernel. A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from
     the batch shape and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with
-    the step's max_seq_len) to control it. Sequence b merges its splits through the ticket counters of row
-    `counter_offset + b`: launches that may run at the same time (on two streams) need disjoint rows.
+    the step's max_seq_len) to control it.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     batch, num_q_heads, q_dim = q.shape
@@ -324,8 +322,7 @@ def paged_decode_attention(
         part_acc = torch.empty(
             (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
         )
-        first = counter_offset * num_kv_heads
-        counters = merge_counters(q.device, first + batch * num_kv_heads)[first:]
+        counters = merge_counters(q.device, batch * num_kv_heads)
     else:
         part_m = part_l = part_acc = counters = out  # unused
     k_new, v_new = (new_kv.k, new_kv.v) if new_kv is not None else (q, q)

@@ -17,39 +17,26 @@ from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.runner.inputs import HostStep, Staging, fill_pending
 
 
-# Halves of fewer rows than this gain little from a second stream.
-MIN_SPLIT_BATCH = 16
-
-
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 1025, 32))
     return [s for s in sizes if s < max_num_seqs] + [max_num_seqs]
 
 
 class DecodeGraphs:
-    """One graph per padded batch size. With `two_streams`, a graph of 16 or more rows runs the decoder
-    layers of its two halves on two streams (fork and join inside the graph): for a small model every
-    kernel is bound by latency and leaves most of the GPU idle, which the other half's kernels fill."""
-
     def __init__(
         self,
-        hidden: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
-        logits: Callable[[torch.Tensor], torch.Tensor],
+        forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
         device: torch.device,
         max_batch: int,
         max_blocks_per_seq: int,
         block_size: int,
-        two_streams: bool = False,
     ) -> None:
-        self.hidden = hidden  # (ids, positions, meta) -> final hidden states [G, H]
-        self.logits = logits  # hidden [G, H] -> logits [G, V]
+        self.forward = forward  # (ids, positions, meta) -> logits [G, V]
         self.device = device
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.width = max_blocks_per_seq
         self.block_size = block_size
-        self.two_streams = two_streams
-        self.side_stream = torch.cuda.Stream(device) if two_streams else None
         g, w = self.max_batch, self.width
         i32 = dict(dtype=torch.int32, device=device)
         self.ids = torch.zeros(g, **i32)
@@ -60,42 +47,29 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(g, w, **i32)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
-    def _meta(self, start: int, stop: int) -> AttentionMetadata:
-        size = stop - start
+    def _meta(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slots[start:stop],
+            slot_mapping=self.slots[:size],
             query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[start:stop],
-            block_tables=self.block_tables[start:stop],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
             max_query_len=1,
             max_seq_len=self.width * self.block_size,  # launch shapes for the longest context
             query_start_loc_cpu=list(range(size + 1)),
             seq_lens_cpu=[1] * size,
-            counter_offset=start,
         )
-
-    def _forward(self, size: int) -> torch.Tensor:
-        """Logits of the first `size` rows of the buffers; the two halves on two streams if enabled."""
-        if self.side_stream is None or size < MIN_SPLIT_BATCH:
-            return self.logits(self.hidden(self.ids[:size], self.positions[:size], self._meta(0, size)))
-        half = size // 2
-        main = torch.cuda.current_stream(self.device)
-        self.side_stream.wait_stream(main)
-        first = self.hidden(self.ids[:half], self.positions[:half], self._meta(0, half))
-        with torch.cuda.stream(self.side_stream):
-            second = self.hidden(self.ids[half:size], self.positions[half:size], self._meta(half, size))
-        main.wait_stream(self.side_stream)
-        return self.logits(torch.cat([first, second]))
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-            self._forward(size)  # warm-up: Triton compiles, cuBLAS picks its kernels
+            meta = self._meta(size)
+            ids, pos = self.ids[:size], self.positions[:size]
+            self.forward(ids, pos, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(size)
+                logits = self.forward(ids, pos, meta)
             pool = graph.pool()
             self.graphs[size] = (graph, logits)
         torch.cuda.synchronize(self.device)

@@ -129,23 +129,23 @@ class ModelRunner:
         )
         return ids, positions, meta
 
-    def _forward_hidden(
+    def _forward_logits(
         self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+        """Every row's logits (used by the decode graphs, where every row samples)."""
+        hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+        return self.model.compute_logits(hidden)
 
     def capture_graphs(self) -> None:
         """Decode CUDA graphs; only on CUDA with a graph-safe backend and enforce_eager off."""
         if self.device.type != "cuda" or self.config.enforce_eager or self.backend.name == "torch":
             return
         self.graphs = DecodeGraphs(
-            self._forward_hidden,
-            self.model.compute_logits,
+            self._forward_logits,
             self.device,
             self.config.scheduler.max_num_seqs,
             self.max_blocks_per_seq,
             self.block_size,
-            two_streams=self.config.decode_streams == 2,
         )
         self.graphs.capture()
 

@@ -90,26 +90,3 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
     assert token_ids(on, prompts) == want  # second round: hits
     assert on.engine.core.kv.num_hit_tokens > 0
     assert on.engine.core.scheduler.num_preemptions > 0
-
-
-@pytest.mark.parametrize("block_size", [1, 16])
-def test_two_stream_decode_graphs_match_hf(model_dir, block_size):
-    """21 sequences decode together: the padded graph of 32 rows runs halves of 16 on two streams, each
-    with its own merge-counter rows (a shared row would merge the wrong splits)."""
-    model, directory = model_dir
-    rng = np.random.default_rng(block_size + 100)
-    prompts = random_prompts(model.config.vocab_size, seed=7, lengths=rng.integers(3, 70, 21).tolist())
-    want = [hf_greedy(model, p, 12) for p in prompts]
-    llm = LLM(
-        directory,
-        device="cuda",
-        dtype="float32",
-        block_size=block_size,
-        attention_backend="triton",
-        decode_streams=2,
-        num_kv_blocks=8192 // block_size,
-        max_num_seqs=32,
-    )
-    graphs = llm.engine.core.runner.graphs
-    assert graphs is not None and graphs.side_stream is not None and 32 in graphs.graphs
-    assert token_ids(llm, prompts) == want

@@ -12,7 +12,7 @@ from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from roseinfer.kernels.paged_decode_split import choose_num_splits, live_counters, merge_counters  # noqa: E402
+from roseinfer.kernels.paged_decode_split import choose_num_splits, live_counters  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
@@ -225,27 +225,6 @@ def test_decode_new_token_twice_in_a_row() -> None:
     """Back-to-back split launches reuse the merge tickets: each must leave them at zero."""
     for i in range(3):
         _run_append([300, 2, 129], 16, 4, 2, 64, torch.float32, 5, True, f"again{i}")
-
-
-def test_decode_counter_offset_keeps_to_its_rows() -> None:
-    """With counter_offset the launch merges through its own ticket rows only. The rows before them are set
-    to 1 here, as a concurrent launch would leave them mid-merge: they must stay so, and must not throw
-    this launch's tickets off (the output would miss its merge)."""
-    seq_lens, block_size, num_heads, num_kv_heads, head_dim = [300, 2, 129], 16, 4, 2, 64
-    gen = generator("offset", seq_lens)
-    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, gen)
-    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, gen)
-    held = 4 * num_kv_heads  # counter_offset 4, in sequences
-    counters = merge_counters(torch.device(DEVICE), held + len(seq_lens) * num_kv_heads)
-    counters[:held] = 1
-    try:
-        args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, head_dim**-0.5)
-        out = paged_decode_attention(*args, num_splits=5, counter_offset=4)
-        assert_close(out, paged_decode_attention_ref(*args), torch.float32)
-        assert counters[:held].eq(1).all(), "another launch's ticket rows were touched"
-        assert not counters[held:].any(), "this launch's ticket rows must be left at zero"
-    finally:
-        counters[:held] = 0
 
 
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
