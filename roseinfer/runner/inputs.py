@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import torch
@@ -37,38 +38,43 @@ class HostStep:
         return len(self.seq_lens)
 
 
+def block_table_array(rows: list[list[int]]) -> np.ndarray:
+    """[len(rows), longest] int32, each row's block ids left-aligned and zero past its end; filled with one
+    boolean-mask assignment rather than a slice assignment per row."""
+    counts = np.fromiter(map(len, rows), np.int64, len(rows))
+    width = int(counts.max()) if len(rows) else 0
+    tables = np.zeros((len(rows), width), np.int32)
+    flat = np.fromiter(chain.from_iterable(rows), np.int32, int(counts.sum()))
+    tables[np.arange(width) < counts[:, None]] = flat
+    return tables
+
+
 def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     """Call after `schedule()` committed `out`: each request's new tokens start at `ScheduledRequest.start`."""
     sched = out.scheduled
     n = len(sched)
+    reqs = [s.request for s in sched]
     starts = np.fromiter((s.start for s in sched), np.int64, n)
     lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)
     cu = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
-    width = max(len(s.request.block_ids) for s in sched)
-    tables = np.zeros((n, width), np.int32)
+    tables = block_table_array([r.block_ids for r in reqs])
+    token_lists = [r.all_token_ids for r in reqs]
     # A pending token (async scheduling) is the last of its request's new tokens; its id is on the device.
-    known = np.fromiter((len(s.request.all_token_ids) for s in sched), np.int64, n)
+    known = np.fromiter(map(len, token_lists), np.int64, n)
     pending = starts + lens > known
     if int(lens.max()) == 1:  # decode: one token per request, no slicing
         # The token at `start`: the last one for a decode, the next one for a 1-token prompt chunk.
         ids = np.fromiter(
-            (
-                t[c] if c < len(t) else 0
-                for t, c in zip((s.request.all_token_ids for s in sched), starts.tolist())
-            ),
+            (t[c] if c < k else 0 for t, c, k in zip(token_lists, starts.tolist(), known.tolist())),
             np.int64,
             n,
         )
-        for i, s in enumerate(sched):
-            tables[i, : len(s.request.block_ids)] = s.request.block_ids
     else:
         ids = np.zeros(int(cu[-1]), np.int64)
-        for i, s in enumerate(sched):
-            r = s.request
-            seg = r.all_token_ids[starts[i] : starts[i] + lens[i]]
+        for i, t in enumerate(token_lists):
+            seg = t[starts[i] : starts[i] + lens[i]]
             ids[cu[i] : cu[i] + len(seg)] = seg
-            tables[i, : len(r.block_ids)] = r.block_ids
     seq_of_token = np.repeat(np.arange(n), lens)
     positions = np.arange(int(cu[-1])) - cu[:-1][seq_of_token] + starts[seq_of_token]
     slots = (
@@ -85,7 +91,7 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
         block_tables=tables,
         max_query_len=int(lens.max()),
         fill_index=(cu[1:] - 1)[pending].astype(i32),
-        fill_row=np.fromiter((s.request.pending_row for s, p in zip(sched, pending) if p), i32),
+        fill_row=np.fromiter((r.pending_row for r, p in zip(reqs, pending.tolist()) if p), i32),
         logits_index=np.repeat(cu[1:] - 1, samples).astype(i32),
     )
 
