@@ -1,0 +1,103 @@
+"""Paged decode attention as the decode graphs run it (the step's token appended, rotary in the kernel):
+graph-replay time per tile config (BLOCK_N, warps, stages) and split count, for qwen2.5-0.5b and
+llama-3.1-8b heads at batch 64 and W1/W2-like contexts (GPU only).
+
+Each replay runs eight layers of one block-major cache, so K/V come from HBM as in a model, not from the
+L2 a one-layer benchmark would keep them in. `graph` marks the split count a decode graph captured for a
+32k-token model length picks. Prints every case, then the three fastest per shape and context."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+import roseinfer.kernels.paged_decode_attention as pda
+from roseinfer.bench.kernels import _median_ms
+from roseinfer.kernels.paged_decode_split import choose_num_splits
+
+LAYERS = 8
+BATCH = 64
+SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
+CONTEXTS = (576, 1024, 4096)
+CONFIGS = list(itertools.product((32, 64, 128), (2, 4), (1, 2, 3)))  # (BLOCK_N, num_warps, num_stages)
+SPLITS = (1, 2, 3, 4, 6, 8)
+
+
+def graph_ms(fn) -> float:
+    fn()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _median_ms(graph.replay)
+
+
+def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator) -> list[tuple]:
+    device, block_size = gen.device, 16
+    per_seq = -(-ctx // block_size)
+    kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
+    kv.normal_(generator=gen)
+    tables = torch.randperm(BATCH * per_seq, generator=gen, device=device).view(BATCH, per_seq).int()
+    seq_lens = torch.full((BATCH,), ctx, dtype=torch.int32, device=device)
+    last = ctx - 1
+    slots = (tables[:, last // block_size] * block_size + last % block_size).int()
+    positions = torch.full((BATCH,), last, dtype=torch.int32, device=device)
+    cos_sin = torch.rand((ctx, d), generator=gen, device=device)
+    q = torch.randn(BATCH, hq, d, dtype=torch.bfloat16, device=device, generator=gen)
+    k_new = torch.randn(BATCH, hkv, d, dtype=torch.bfloat16, device=device, generator=gen)
+    new_kv = pda.NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin))
+    out = torch.empty_like(q)
+    kv_bytes = 2 * BATCH * ctx * hkv * d * 2
+    in_graph = choose_num_splits(BATCH, hkv, 32768, device)
+    default_config = pda._decode_config
+    now = default_config(d, torch.bfloat16)
+
+    def run(splits: int) -> None:
+        for layer in range(LAYERS):
+            pda.paged_decode_attention(
+                q,
+                kv[:, layer, 0],
+                kv[:, layer, 1],
+                tables,
+                seq_lens,
+                d**-0.5,
+                out=out,
+                num_splits=splits,
+                new_kv=new_kv,
+            )
+
+    rows = []
+    for config, splits in itertools.product(CONFIGS, SPLITS):
+        pda._decode_config = lambda *_, c=config: c
+        try:
+            ms = graph_ms(lambda s=splits: run(s)) / LAYERS
+        except Exception as exc:  # a config whose tiles do not fit the SM
+            print(f"{name} ctx {ctx} {config} splits {splits}: {type(exc).__name__}")
+            continue
+        finally:
+            pda._decode_config = default_config
+        mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
+        rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
+        print(
+            f"{name} ctx {ctx} cfg {config} splits {splits}: {ms * 1e3:.2f} us {rows[-1][5]:.0f} GB/s {mark}"
+        )
+    return rows
+
+
+def main() -> None:
+    gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
+    rows = []
+    for (name, (hq, hkv, d)), ctx in itertools.product(SHAPES.items(), CONTEXTS):
+        rows += sweep_case(name, hq, hkv, d, ctx, gen)
+    print(
+        "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
+    )
+    for name, ctx in itertools.product(SHAPES, CONTEXTS):
+        mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[4])
+        for r in mine[:3] + [r for r in mine if r[6] == "graph current"]:
+            print(f"  {name:13} ctx {ctx:5} cfg {r[2]} splits {r[3]}: {r[4]:7.2f} us {r[5]:6.0f} GB/s {r[6]}")
+
+
+if __name__ == "__main__":
+    main()
