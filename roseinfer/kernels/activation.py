@@ -6,18 +6,13 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
-
-from roseinfer.kernels._common import use_pdl
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
-    if PDL:
-        gdc_wait()
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
     g = gate.to(tl.float32)
@@ -36,9 +31,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if n_rows == 0:
         return out
     block = min(1024, triton.next_power_of_2(n_cols))
-    pdl = use_pdl(x.device)
     _silu_and_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        x, out, x.stride(0), out.stride(0), n_cols, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        x, out, x.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=4
     )
     return out
 

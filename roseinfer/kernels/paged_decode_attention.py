@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from roseinfer.kernels._common import (
     LOG2E,
@@ -31,7 +30,6 @@ from roseinfer.kernels._common import (
     dot_precision,
     gather_sequence_kv,
     is_interpret,
-    use_pdl,
 )
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 
@@ -85,7 +83,6 @@ def _decode_kernel(
     SPLITS_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -108,6 +105,7 @@ def _decode_kernel(
     d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
     if ROPE:
         # Neox rotation of whole rows: x * cos + partner * (-sin | +sin), where element d's partner is
         # d + D/2 in the first half and d - D/2 in the second (a second, permuted load of the same row).
@@ -117,12 +115,6 @@ def _decode_kernel(
         cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
         sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
         sin = tl.where(d < half, -sin, sin)
-    if PDL:
-        # The step's metadata above was written before the previous kernel ran; q, the new k/v and (in a
-        # mixed step, where the rotary + KV-store launch comes just before) the cache are its outputs.
-        gdc_wait()
-    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
-    if ROPE:
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
         q = _rotate(q, q_partner, cos[None, :], sin[None, :])
     q = q.to(DOT_DTYPE)
@@ -337,7 +329,6 @@ def paged_decode_attention(
     slots = new_kv.slot_mapping if new_kv is not None else seq_lens
     rope = new_kv.rope if new_kv is not None else None
     positions, cos_sin = rope if rope is not None else (seq_lens, out)
-    pdl = use_pdl(q.device)
 
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -387,10 +378,8 @@ def paged_decode_attention(
         SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
-        PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
-        launch_pdl=pdl,
     )
     return out
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
-
-from roseinfer.kernels._common import use_pdl
 
 
 @triton.jit
@@ -27,14 +24,10 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # not written by the kernel before: no need to wait
-    if PDL:
-        gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -43,6 +36,7 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
     y = (xf * tl.rsqrt(var + eps)).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
 
 
@@ -61,7 +55,6 @@ def rmsnorm(
         return out
     block = triton.next_power_of_2(n_cols)
     res = residual if residual is not None else x
-    pdl = use_pdl(x.device)
     _rmsnorm_kernel[(n_rows,)](
         x,
         res,
@@ -74,9 +67,7 @@ def rmsnorm(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
-        PDL=pdl,
         num_warps=min(16, max(1, block // 256)),
-        launch_pdl=pdl,
     )
     return out
 
