@@ -160,17 +160,18 @@ class LLMEngine:
         (only for finished ones with `final_only`, which spares copying every running output each step)."""
         got, _ = self.core.step()
         self.num_generated_tokens += len(got)
-        touched: dict[str, _Group] = {}
+        touched: dict[str, tuple[_Group, Request]] = {}
         for req in got:
             root = req.parent or req
             group = self.groups.get(root.request_id)
             if group is None:
                 continue  # aborted meanwhile
             group.on_token(req)
-            touched[root.request_id] = group
+            touched[root.request_id] = (group, req)
         outputs = []
-        for rid, group in touched.items():
-            if final_only and not group.finished:
+        for rid, (group, req) in touched.items():
+            # A group is finished only once each of its sequences is, this one included: cheap test first.
+            if final_only and not (req.is_finished and group.finished):
                 continue
             outputs.append(group.output())
             if group.finished:
@@ -190,10 +191,12 @@ class _Sequence:
     def on_token(self, engine: LLMEngine) -> None:
         """Takes every output token not seen yet, in order: with async scheduling one engine step can
         apply two tokens to a request (the step in flight and a step resolved at once)."""
+        if self.detok is None:
+            return  # no text to build: the output reads the token ids when it is made
         req = self.req
         while self.num_seen < len(req.output_token_ids):
             self.num_seen += 1
-            if self.detok is not None and self._take(req.output_token_ids[self.num_seen - 1], engine):
+            if self._take(req.output_token_ids[self.num_seen - 1], engine):
                 return
 
     def _take(self, token: int, engine: LLMEngine) -> bool:

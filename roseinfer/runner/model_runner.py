@@ -65,6 +65,8 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None  # the latest launch's sampled tokens, on the device
         self.copy_staging = Staging(self.device, capacity=1024)
         self.graphs: DecodeGraphs | None = None
+        self._sampling_key: tuple[int, ...] = ()
+        self._sampling_cache: SamplingBatch | None = None
 
     # -- KV cache ---------------------------------------------------------------------------------
 
@@ -186,15 +188,12 @@ class ModelRunner:
             return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):
             reqs = [out.scheduled[i].request for i in rows]
-            seen: dict[int, int] = {}
-            gens = []
-            for k, (i, r) in enumerate(zip(rows, reqs)):
-                j = seen[i] = seen.get(i, -1) + 1  # the j-th sample of this row: child j of a fork
-                gens.append(self._generator(r, j))
-                if j == 0:
+            previous = -1
+            for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
+                if i != previous:
                     r.pending_row = k
-            batch = SamplingBatch.build([r.params for r in reqs], gens, self.cfg.vocab_size, self.device)
-            tokens = sample(logits, batch).to(torch.int32)
+                    previous = i
+            tokens = sample(logits, self._sampling_batch(rows, reqs)).to(torch.int32)
             self.last_sampled = tokens
             if self.device.type != "cuda":
                 return StepFuture(len(out.scheduled), rows, tokens, None)
@@ -203,6 +202,21 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return StepFuture(len(out.scheduled), rows, host, done)
+
+    def _sampling_batch(self, rows: list[int], reqs: list[Request]) -> SamplingBatch:
+        """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same
+        requests in the same order for many steps. Keyed by internal uids, which are never reused."""
+        key = tuple(r.uid for r in reqs)
+        if key == self._sampling_key and self._sampling_cache is not None:
+            return self._sampling_cache
+        seen: dict[int, int] = {}
+        gens = []
+        for i, r in zip(rows, reqs):
+            j = seen[i] = seen.get(i, -1) + 1  # the j-th sample of this row: child j of a fork
+            gens.append(self._generator(r, j))
+        batch = SamplingBatch.build([r.params for r in reqs], gens, self.cfg.vocab_size, self.device)
+        self._sampling_key, self._sampling_cache = key, batch
+        return batch
 
     def _generator(self, req: Request, fork_index: int = 0) -> torch.Generator | None:
         """The sample's own generator when seeded. Keyed by the engine's internal request uid (user ids

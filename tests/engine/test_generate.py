@@ -31,6 +31,21 @@ def test_same_seed_same_output_regardless_of_batch(llm):
     assert llm.generate(["tell me a story"], different, use_tqdm=False)[0].outputs[0].token_ids != alone
 
 
+def test_row_settings_follow_the_batch_as_it_changes(llm):
+    """The runner reuses a step's sampling settings while the batch keeps its rows and rebuilds them when
+    rows leave: a seeded request keeps its draws and a greedy one stays greedy as others finish."""
+    seeded = SamplingParams(temperature=1.0, seed=7, max_tokens=14, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
+    short = SamplingParams(temperature=1.5, top_k=3, max_tokens=3, ignore_eos=True)
+
+    def ids(prompts, params):
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    alone = ids(["once upon a time"], seeded) + ids([[21, 22, 23]], greedy)
+    mixed = ids(["once upon a time", "x y z", [21, 22, 23], [5, 6]], [seeded, short, greedy, short])
+    assert [mixed[0], mixed[2]] == alone
+
+
 def test_stop_token_ids_and_eos(llm):
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     ids = llm.generate([[10, 11, 12]], greedy, use_tqdm=False)[0].outputs[0].token_ids
