@@ -35,6 +35,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
+    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
+        """Compile, before serving, kernel variants that steps would otherwise meet first mid-run; reads the
+        cache, writes nothing to it. Nothing to do by default."""
+        return None
+
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         """`kv_cache[dst[i]] = kv_cache[src[i]]` for all i in one batched operation (copy-on-write)."""
         kv_cache[dst] = kv_cache[src]

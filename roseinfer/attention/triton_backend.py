@@ -17,7 +17,7 @@ from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.block_copy import copy_blocks
 from roseinfer.kernels.kv_store import store_kv
 from roseinfer.kernels.paged_decode_attention import NewTokenKV, paged_decode_attention
-from roseinfer.kernels.paged_decode_split import choose_num_splits
+from roseinfer.kernels.paged_decode_split import MAX_SPLITS, choose_num_splits
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 from roseinfer.kernels.rotary import apply_rotary_and_store_kv
 from roseinfer.profiling import record
@@ -104,6 +104,20 @@ class TritonAttentionBackend(AttentionBackend):
             num_splits=num_splits,
             new_kv=new_kv,
         )
+
+    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
+        """The decode kernel of mixed steps picks its split count from the step's decodes, and each
+        power-of-two bucket of it is a kernel variant: compile them all now. (On an H200, W2 met two of
+        them in its timed run on a fresh machine and lost a fifth of its throughput to the compiles.)"""
+        device = k_cache.device
+        head_dim = k_cache.shape[-1]
+        q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+        table = torch.zeros((1, 1), dtype=torch.int32, device=device)
+        seq_lens = torch.ones(1, dtype=torch.int32, device=device)
+        splits = 1
+        while splits <= MAX_SPLITS:
+            paged_decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, num_splits=splits)
+            splits *= 2
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks(kv_cache, src, dst)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from roseinfer.bench.device import sync
+from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
 from roseinfer.engine.llm_engine import LLMEngine
@@ -21,16 +22,17 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
     device = engine.config.device
     sync(device)
     core.stats.reset()
-    t0 = time.perf_counter()
-    for prompt, params in zip(workload.prompts, workload.params):
-        engine.add_request(prompt, params)
-    t_added = time.perf_counter()
-    completion = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step(final_only=True):
-            completion += sum(len(c.token_ids) for c in out.outputs)
-    sync(device)
-    total = time.perf_counter() - t0
+    with watch_triton_compiles() as compiled:
+        t0 = time.perf_counter()
+        for prompt, params in zip(workload.prompts, workload.params):
+            engine.add_request(prompt, params)
+        t_added = time.perf_counter()
+        completion = 0
+        while engine.has_unfinished_requests():
+            for out in engine.step(final_only=True):
+                completion += sum(len(c.token_ids) for c in out.outputs)
+        sync(device)
+        total = time.perf_counter() - t0
     if completion != workload.num_output_tokens:
         raise RuntimeError(
             f"{name}: {completion} completion tokens, the workload asked for {workload.num_output_tokens}"
@@ -52,6 +54,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             "num_prompt_tokens_computed": stats.num_prompt_tokens_computed,
             "num_preemptions": core.scheduler.num_preemptions,
             "num_kv_blocks": core.num_blocks,
+            "triton_compiles": dict(compiled),
         },
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from roseinfer.bench.jit_watch import format_compiles
+
 
 @dataclass
 class RunResult:
@@ -44,7 +46,12 @@ class RunResult:
                 f"Throughput (total): {self.total_throughput:.2f} tokens/s",
             ]
             + self._wait_line()
+            + self._compile_line()
         )
+
+    def _compile_line(self) -> list[str]:
+        compiled = self.extra.get("triton_compiles")
+        return [] if compiled is None else [format_compiles(compiled)]
 
     def _wait_line(self) -> list[str]:
         wait = self.extra.get("device_wait_time")

@@ -43,6 +43,7 @@ class EngineCore:
         self.runner = ModelRunner(config, model_path, model)
         num_blocks = self.runner.determine_num_blocks()
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.warm_up()
         self.runner.capture_graphs()
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(

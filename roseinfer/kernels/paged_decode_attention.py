@@ -34,7 +34,7 @@ from roseinfer.kernels._common import (
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # it varies per step; its power-of-two pad is the variant
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,

@@ -151,6 +151,12 @@ class ModelRunner:
         )
         self.graphs.capture()
 
+    def warm_up(self) -> None:
+        """Compile the attention kernel variants later steps could meet first (after allocate_kv_cache)."""
+        assert self.kv_cache is not None
+        if self.device.type == "cuda":
+            self.backend.warm_up(self.kv_cache[:, 0, 0], self.kv_cache[:, 0, 1], self.cfg.num_heads)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""
         # Its own staging buffer: the step's inputs are uploaded through `self.staging` right after.

@@ -10,6 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 from roseinfer.attention.backend import get_backend  # noqa: E402
 from roseinfer.attention.metadata import AttentionMetadata  # noqa: E402
 from roseinfer.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from roseinfer.kernels.paged_decode_split import live_counters  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, TOL, generator, randn  # noqa: E402
 
 
@@ -238,3 +239,15 @@ def test_backend_decode_cuda_graph() -> None:
     torch.cuda.synchronize()
     atol, rtol = TOL[torch.bfloat16]
     torch.testing.assert_close(static_out.float(), second.expected(), atol=atol, rtol=rtol)
+
+
+def test_warm_up_reads_the_cache_and_writes_nothing() -> None:
+    """The warm-up runs the mixed-step decode kernel once per split bucket on block 0: the cache and the
+    merge counters must come out as they went in."""
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randn((4, 1, 2, 16, 2, 32), generator=gen).to(DEVICE)
+    before = kv.clone()
+    TritonAttentionBackend().warm_up(kv[:, 0, 0], kv[:, 0, 1], num_heads=4)
+    assert torch.equal(kv, before)
+    counters = live_counters(torch.device(DEVICE))
+    assert counters is None or not counters.any()
