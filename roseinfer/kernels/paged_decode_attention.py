@@ -34,7 +34,7 @@ from roseinfer.kernels._common import (
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # it varies per step; its power-of-two pad is the variant
+@triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
