@@ -14,6 +14,7 @@ import torch
 
 import roseinfer.kernels.paged_decode_attention as pda
 from roseinfer.bench.kernels import _median_ms
+from roseinfer.kernels.decode_new_token import NewTokenKV
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 
 LAYERS = 8
@@ -46,7 +47,7 @@ def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Genera
     cos_sin = torch.rand((ctx, d), generator=gen, device=device)
     q = torch.randn(BATCH, hq, d, dtype=torch.bfloat16, device=device, generator=gen)
     k_new = torch.randn(BATCH, hkv, d, dtype=torch.bfloat16, device=device, generator=gen)
-    new_kv = pda.NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin))
+    new_kv = NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin))
     out = torch.empty_like(q)
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)

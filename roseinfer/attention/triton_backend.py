@@ -15,8 +15,9 @@ import torch
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.block_copy import copy_blocks
+from roseinfer.kernels.decode_new_token import NewTokenKV
 from roseinfer.kernels.kv_store import store_kv
-from roseinfer.kernels.paged_decode_attention import NewTokenKV, paged_decode_attention
+from roseinfer.kernels.paged_decode_attention import paged_decode_attention
 from roseinfer.kernels.paged_decode_split import MAX_SPLITS, choose_num_splits
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 from roseinfer.kernels.rotary import apply_rotary_and_store_kv

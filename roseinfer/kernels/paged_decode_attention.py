@@ -17,8 +17,6 @@ The split boundaries come from `seq_lens` on the device, so the launch depends o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -31,6 +29,7 @@ from roseinfer.kernels._common import (
     gather_sequence_kv,
     is_interpret,
 )
+from roseinfer.kernels.decode_new_token import NewTokenKV, check_new_kv
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 
 
@@ -250,21 +249,6 @@ def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int
     return 64, 4, 3
 
 
-@dataclass(frozen=True)
-class NewTokenKV:
-    """Each sequence's own token of this step, which the decode kernel attends to and stores itself.
-
-    `k`/`v` [B, Hkv, D] (views are fine); `slot_mapping` [B] is where they go in the cache (< 0: nowhere).
-    With `rope` = (positions [B], cos_sin [max_pos, D] float32) the kernel also rotates q and k (neox
-    halves) on the fly, so the step needs no separate rotary or KV-store launch.
-    """
-
-    k: torch.Tensor
-    v: torch.Tensor
-    slot_mapping: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -303,7 +287,7 @@ def paged_decode_attention(
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if new_kv is not None:
-        _check_new_kv(new_kv, batch, num_kv_heads, head_dim)
+        check_new_kv(new_kv, batch, num_kv_heads, head_dim)
     if batch == 0:
         return out
 
@@ -382,21 +366,6 @@ def paged_decode_attention(
         num_stages=num_stages,
     )
     return out
-
-
-def _check_new_kv(new_kv: NewTokenKV, batch: int, num_kv_heads: int, head_dim: int) -> None:
-    for name, t in (("k", new_kv.k), ("v", new_kv.v)):
-        if t.dim() != 3 or t.shape[0] < batch or t.shape[1:] != (num_kv_heads, head_dim) or t.stride(-1) != 1:
-            raise ValueError(
-                f"new_kv.{name} must be [{batch}, {num_kv_heads}, {head_dim}] with a contiguous last dim, "
-                f"got {tuple(t.shape)}"
-            )
-    if new_kv.slot_mapping.shape[0] < batch:
-        raise ValueError("new_kv.slot_mapping has fewer rows than q")
-    if new_kv.rope is not None:
-        positions, cos_sin = new_kv.rope
-        if positions.shape[0] < batch or cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim:
-            raise ValueError(f"new_kv.rope needs positions [{batch}] and cos_sin [max_pos, {head_dim}]")
 
 
 def paged_decode_attention_ref(

@@ -7,8 +7,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+from roseinfer.kernels.decode_new_token import NewTokenKV  # noqa: E402
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
-    NewTokenKV,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
