@@ -205,5 +205,7 @@ class EngineConfig:
     enforce_eager: bool = False
     # Schedule step N+1 while step N runs on the device (its sampled ids are fed on the device).
     async_scheduling: bool = True
+    # Batches of one token run as GEMVs with the norms and residual adds folded in (llama family, CUDA).
+    one_token_gemv: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
-#   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all)
+#   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
+#             gemv, profile (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -42,6 +43,13 @@ for s in "${sections[@]}"; do
       done
       # W3 is online: each rate takes (requests / rate) seconds, so it runs fewer requests per rate here.
       run prefix-W3 '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --json "$OUT/prefix_W3.json" ;;
+    gemv)  # batch-1 decode: the fused GEMV against cuBLAS + separate kernels, per GEMM and per step
+      run sweep-gemv '^(#|llama|qwen|shape)' python3 scripts/sweep_gemv.py ${GEMV_SWEEP:---quick}
+      for shape in llama-3.1-8b qwen2.5-0.5b; do
+        for g in one-token-gemv no-one-token-gemv; do
+          run roofline-b1-$shape-$g '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 1 --contexts 1024 --prefill-tokens 512 --$g --json "$OUT/roofline_b1_${shape}_$g.json"
+        done
+      done ;;
     profile)
       $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times

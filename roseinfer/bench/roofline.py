@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--one-token-gemv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="batch-1 decode as fused GEMVs (default on); --no-one-token-gemv times cuBLAS + separate kernels",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", default=None)
 
@@ -121,6 +127,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=max_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        one_token_gemv=args.one_token_gemv,
         enable_prefix_caching=False,
     )
     core = llm.engine.core
@@ -187,7 +194,13 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
         print(rows[-1], flush=True)
-    result = {"header": header, "bandwidth_TBps": bandwidth / 1e12, "matmul_TFLOPs": tflops, "rows": rows}
+    result = {
+        "header": header,
+        "bandwidth_TBps": bandwidth / 1e12,
+        "matmul_TFLOPs": tflops,
+        "one_token_gemv": args.one_token_gemv,
+        "rows": rows,
+    }
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:
@@ -198,7 +211,8 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
 def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"roofline {result['header']['model_shape']} on {result['header']['device']}"
-        f" (copy {result['bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)",
+        f" (copy {result['bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)"
+        + ("" if result.get("one_token_gemv", True) else ", batch 1 without the fused GEMV"),
         f"{'step':<24}{'ms':>10}{'floor ms':>10}{'x floor':>9}  note",
     ]
     for r in result["rows"]:

@@ -46,6 +46,7 @@ def make_engine_config(
     attention_backend: str | None = None,
     enforce_eager: bool = False,
     async_scheduling: bool = True,
+    one_token_gemv: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
     path = resolve_model_path(model, need_weights=load_format != "dummy")
@@ -79,6 +80,7 @@ def make_engine_config(
         attention_backend=attention_backend,
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
+        one_token_gemv=one_token_gemv,
         seed=seed,
         max_model_len=max_len,
     )

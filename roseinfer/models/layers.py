@@ -32,10 +32,14 @@ try:
     from roseinfer.kernels import activation as _act
     from roseinfer.kernels import rmsnorm as _rms
     from roseinfer.kernels import rotary as _rope
+    from roseinfer.kernels.gemv import gemv
 
     _HAS_TRITON = True
 except ImportError:  # CPU installs without Triton
     _HAS_TRITON = False
+
+    def gemv(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("the one-token GEMV needs Triton")
 
 
 class RMSNorm(nn.Module):

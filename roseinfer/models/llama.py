@@ -6,7 +6,15 @@ import torch
 from torch import nn
 
 from roseinfer.config import ModelConfig
-from roseinfer.models.layers import ForwardContext, RMSNorm, RotaryEmbedding, paged_attention, silu_and_mul
+from roseinfer.models.layers import (
+    ForwardContext,
+    RMSNorm,
+    RotaryEmbedding,
+    fused_kernels_for,
+    gemv,
+    paged_attention,
+    silu_and_mul,
+)
 
 
 class LlamaAttention(nn.Module):
@@ -27,13 +35,25 @@ class LlamaAttention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self._attend(self.qkv_proj(x), positions, ctx))
+
+    def forward_one_token(
+        self, residual: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """`residual + o_proj(attention(qkv_proj(norm(residual))))` for one token, in GEMVs."""
+        qkv = gemv(
+            residual, self.qkv_proj.weight, bias=self.qkv_proj.bias, norm_weight=norm.weight, eps=norm.eps
+        )
+        return gemv(self._attend(qkv, positions, ctx), self.o_proj.weight, residual=residual)
+
+    def _attend(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.o_proj(paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary))
+        return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary)
 
 
 class LlamaMLP(nn.Module):
@@ -46,6 +66,11 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+    def forward_one_token(self, residual: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """`residual + down(silu_and_mul(gate_up(norm(residual))))` for one token, in two GEMVs."""
+        act = gemv(residual, self.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, gated=True)
+        return gemv(act, self.down_proj.weight, residual=residual)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -68,6 +93,14 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
+    def forward_one_token(
+        self, residual: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """The layer for a batch of one token, carrying only the residual stream: the norms fold into the
+        GEMVs that read them and the residual adds into the GEMVs that write them (five launches, not eight)."""
+        residual = self.self_attn.forward_one_token(residual, self.input_layernorm, positions, ctx)
+        return self.mlp.forward_one_token(residual, self.post_attention_layernorm)
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
@@ -77,8 +110,18 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, self.rotary) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        one_token_gemv: bool = False,
+    ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        if one_token_gemv:
+            for layer in self.layers:
+                x = layer.forward_one_token(x, positions, ctx)
+            return self.norm(x)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
@@ -99,6 +142,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.cfg = cfg
+        # Batches of one token (batch-1 decode) run as GEMVs with the norms and residual adds folded in.
+        self.one_token_gemv = True
         self.model = LlamaModel(cfg, max_positions)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -108,10 +153,15 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx)
+        return self.model(input_ids, positions, ctx, self._gemv_for(input_ids))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._gemv_for(hidden):
+            return gemv(hidden, self.lm_head.weight)
         return self.lm_head(hidden)
+
+    def _gemv_for(self, x: torch.Tensor) -> bool:
+        return self.one_token_gemv and x.shape[0] == 1 and fused_kernels_for(x)
 
     def build_buffers(self, device: torch.device) -> None:
         self.model.rotary.build(device)

@@ -56,6 +56,8 @@ class ModelRunner:
         self.model = model or build_model(
             self.cfg, model_path, config.load_format, self.dtype, self.device, self.max_model_len, config.seed
         )
+        if hasattr(self.model, "one_token_gemv"):
+            self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}

@@ -90,3 +90,25 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
     assert token_ids(on, prompts) == want  # second round: hits
     assert on.engine.core.kv.num_hit_tokens > 0
     assert on.engine.core.scheduler.num_preemptions > 0
+
+
+def test_batch_of_one_matches_hf_on_gpu(model_dir):
+    """One prompt at a time, so every decode step is a batch of one: the fused GEMV path on llama-family
+    models, eager and as a CUDA graph."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=31, lengths=[1, 17, 64])
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    for eager in (True, False):
+        llm = LLM(
+            directory,
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            attention_backend="triton",
+            enforce_eager=eager,
+            num_kv_blocks=256,
+            max_num_seqs=4,
+        )
+        assert [token_ids(llm, [p])[0] for p in prompts] == want, f"eager={eager}"
+        del llm
+        free_gpu()
