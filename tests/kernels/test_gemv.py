@@ -107,3 +107,43 @@ def test_gemv_rejects_bad_shapes(x_shape, w_shape, kwargs, match):
 def test_gemv_gpu(dtype, flags, n, k):
     """Real layer shapes with the tiles the engine picks on this GPU."""
     _check(1, n, k, dtype, flags, None, "gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
+def test_gemv_chain_in_a_graph_reads_fresh_inputs(pdl):
+    """A decoder layer's chain of GEMVs captured in a CUDA graph and replayed with new inputs: with
+    programmatic dependent launch each GEMV starts while the one before drains, so reading an input before
+    `gdc_wait` would show up here as a stale or partial value."""
+    g = generator("gemv-chain", pdl)
+    h, i, n_qkv = 4096, 14336, 6144
+    w_qkv, w_o = (
+        randn((n_qkv, h), torch.bfloat16, g) / h**0.5,
+        randn((h, n_qkv), torch.bfloat16, g) / n_qkv**0.5,
+    )
+    w_gu, w_d = randn((2 * i, h), torch.bfloat16, g) / h**0.5, randn((h, i), torch.bfloat16, g) / i**0.5
+    ln1, ln2 = 1 + 0.1 * randn((h,), torch.bfloat16, g), 1 + 0.1 * randn((h,), torch.bfloat16, g)
+    x = torch.empty((1, h), dtype=torch.bfloat16, device=DEVICE)
+
+    def chain(fn):
+        res = x
+        for _ in range(3):
+            qkv = fn(res, w_qkv, norm_weight=ln1)
+            res = fn(qkv, w_o, residual=res)
+            act = fn(res, w_gu, norm_weight=ln2, gated=True)
+            res = fn(act, w_d, residual=res)
+        return res
+
+    def fused(*args, **kwargs):
+        return gemv(*args, pdl=pdl, **kwargs)
+
+    x.copy_(randn((1, h), torch.bfloat16, g))
+    chain(fused)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(fused)
+    for trial in range(3):
+        x.copy_(randn((1, h), torch.bfloat16, g))
+        graph.replay()
+        ref = chain(gemv_ref)
+        torch.testing.assert_close(out.float(), ref.float(), atol=0.1, rtol=0.05, msg=f"replay {trial}")
