@@ -79,18 +79,6 @@ def _gemms(L: dict[str, Any], eps: float) -> dict[str, tuple[Any, Any, int]]:
     }
 
 
-def _layer_chain(L: dict[str, Any], eps: float, pdl: bool) -> Any:
-    """A decoder layer's four GEMVs in order, each reading the one before (attention left out)."""
-
-    def run() -> None:
-        qkv = gemv(L["res"], L["w_qkv"], bias=L["b_qkv"], norm_weight=L["ln1"], eps=eps, pdl=pdl)
-        res = gemv(qkv[:, : L["attn"].shape[1]], L["w_o"], residual=L["res"], pdl=pdl)
-        act = gemv(res, L["w_gu"], norm_weight=L["ln2"], eps=eps, gated=True, pdl=pdl)
-        gemv(act, L["w_d"], residual=res, pdl=pdl)
-
-    return run
-
-
 def _per_call_us(fns: list[Any]) -> float:
     def run() -> None:
         for fn in fns:
@@ -118,8 +106,7 @@ def main() -> None:
             base = _per_call_us([g[kind][0] for g in gemms])
             timed = [(_per_call_us([lambda f=g[kind][1], t=t: f(t) for g in gemms]), t) for t in tiles]
             default = _per_call_us([lambda f=g[kind][1]: f(None) for g in gemms])
-            timed.sort()
-            best, tile = timed[0]
+            best, tile = min(timed)
             nbytes = gemms[0][kind][2]
             if kind != "lm_head":
                 for j, v in enumerate((base, default, best)):

@@ -44,22 +44,6 @@ if is_interpret():
 
 
 @functools.cache
-def _pdl_ok(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0) and os.environ.get("ROSEINFER_PDL", "1") != "0"
-
-
-def use_pdl(device: torch.device) -> bool:
-    """Launch with programmatic dependent launch (Hopper and later; `ROSEINFER_PDL=0` turns it off).
-
-    Such a kernel may start while the kernel before it drains: before `gdc_wait()` it may read only what no
-    kernel writes (weights) and write nothing. After it, every earlier kernel has finished.
-    """
-    if device.type != "cuda" or is_interpret():
-        return False
-    return _pdl_ok(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from roseinfer.kernels._common import is_interpret, num_sms, use_pdl
+from roseinfer.kernels._common import is_interpret, num_sms
 
 
 class GemvTile(NamedTuple):
@@ -35,18 +34,6 @@ class GemvTile(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
-
-
-@triton.jit
-def _x_tile(x_row, norm_w_ptr, k0, ks, K, rstd, NORM: tl.constexpr, dtype: tl.constexpr):
-    """Input elements [k0, k0 + BLOCK_K) as a [1, BLOCK_K] float32 row, normalised when NORM (rounded as the
-    separate RMSNorm kernel rounds its output)."""
-    k_ok = (k0 + ks) < K
-    xv = tl.load(x_row + k0 + ks, mask=k_ok, other=0.0)
-    if NORM:
-        g = tl.load(norm_w_ptr + k0 + ks, mask=k_ok, other=0.0)
-        xv = (g.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
-    return xv.to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -73,7 +60,6 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -82,19 +68,7 @@ def _gemv_kernel(
     ks = tl.arange(0, BLOCK_K)
     x_row = x_ptr + row * stride_xm
     dtype = x_ptr.dtype.element_ty
-    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-    up_rows = w_rows + up_offset
-    if PDL:
-        # Launched while the kernel before drains: let the next one launch too, and fetch this program's
-        # first weight tile (weights are never written) before waiting for the input.
-        gdc_launch_dependents()
-        mask = col_ok[:, None] & (ks < K)[None, :]
-        w_first = tl.load(w_rows + ks[None, :], mask=mask, other=0.0)
-        if GATED:
-            w_up_first = tl.load(up_rows + ks[None, :], mask=mask, other=0.0)
-        gdc_wait()
 
-    rstd = 1.0
     if NORM:  # the whole row in one load: a loop of dependent loads costs a memory latency per step
         row_ks = tl.arange(0, NORM_BLOCK)
         xr = tl.load(x_row + row_ks, mask=row_ks < K, other=0.0).to(tl.float32)
@@ -102,19 +76,19 @@ def _gemv_kernel(
 
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    k_begin = 0
-    if PDL:
-        xf = _x_tile(x_row, norm_w_ptr, 0, ks, K, rstd, NORM, dtype)
-        acc += w_first.to(tl.float32) * xf
-        if GATED:
-            acc_up += w_up_first.to(tl.float32) * xf
-        k_begin = BLOCK_K
-    for k0 in tl.range(k_begin, K, BLOCK_K, num_stages=NUM_STAGES):
-        mask = col_ok[:, None] & ((k0 + ks) < K)[None, :]
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    up_rows = w_rows + up_offset
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        k_ok = (k0 + ks) < K
+        mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(w_rows + (k0 + ks)[None, :], mask=mask, other=0.0)
         if GATED:
             w_up = tl.load(up_rows + (k0 + ks)[None, :], mask=mask, other=0.0)
-        xf = _x_tile(x_row, norm_w_ptr, k0, ks, K, rstd, NORM, dtype)
+        xv = tl.load(x_row + k0 + ks, mask=k_ok, other=0.0)
+        if NORM:
+            g = tl.load(norm_w_ptr + k0 + ks, mask=k_ok, other=0.0)
+            xv = (g.to(tl.float32) * (xv.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
+        xf = xv.to(tl.float32)[None, :]
         acc += w.to(tl.float32) * xf
         if GATED:
             acc_up += w_up.to(tl.float32) * xf
@@ -157,13 +131,9 @@ def gemv(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     tile: GemvTile | None = None,
-    pdl: bool | None = None,
 ) -> torch.Tensor:
     """x: [M, K] (meant for M == 1); weight: [N, K] ([2N, K] when gated, gate rows first); returns a new
-    [M, N] in x's dtype. Each row streams the whole weight, so more rows cost proportionally more.
-
-    `pdl` (default: on where supported) launches it with programmatic dependent launch: it starts while
-    the kernel before it drains and reads its inputs only after that kernel has finished."""
+    [M, N] in x's dtype. Each row streams the whole weight, so more rows cost proportionally more."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(
             f"gemv needs x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
@@ -184,7 +154,6 @@ def gemv(
     if m == 0:
         return out
     t = tile or gemv_tile(n, k, gated, x.device)
-    pdl = use_pdl(x.device) if pdl is None else pdl and use_pdl(x.device)
     _gemv_kernel[(triton.cdiv(n, t.block_n), m)](
         x,
         weight,
@@ -208,9 +177,7 @@ def gemv(
         BLOCK_K=t.block_k,
         NUM_STAGES=t.num_stages,
         NORM_BLOCK=triton.next_power_of_2(k) if norm_weight is not None else 1,
-        PDL=pdl,
         num_warps=t.num_warps,
-        launch_pdl=pdl,
     )
     return out
 
