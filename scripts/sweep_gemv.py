@@ -121,6 +121,8 @@ def main() -> None:
                     if n
                     else ""
                 )
+                + "  next: "
+                + ", ".join(f"{us:.2f} {tuple(t)}" for us, t in timed[1:4])
             )
             print(rows[-1], flush=True)
         rows.append(
