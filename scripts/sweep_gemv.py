@@ -106,7 +106,8 @@ def main() -> None:
             base = _per_call_us([g[kind][0] for g in gemms])
             timed = [(_per_call_us([lambda f=g[kind][1], t=t: f(t) for g in gemms]), t) for t in tiles]
             default = _per_call_us([lambda f=g[kind][1]: f(None) for g in gemms])
-            best, tile = min(timed)
+            timed.sort()
+            best, tile = timed[0]
             nbytes = gemms[0][kind][2]
             if kind != "lm_head":
                 for j, v in enumerate((base, default, best)):
