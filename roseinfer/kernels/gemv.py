@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import is_interpret, num_sms
+from roseinfer.kernels.activation import silu_and_mul_ref
+from roseinfer.kernels.rmsnorm import rmsnorm_ref
 
 
 class GemvTile(NamedTuple):
@@ -196,12 +198,10 @@ def gemv_ref(
 ) -> torch.Tensor:
     """The separate ops the GEMV replaces, with HF's RMSNorm rounding."""
     if norm_weight is not None:
-        xf = x.float()
-        x = norm_weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        x = rmsnorm_ref(x, norm_weight, eps)
     y = F.linear(x, weight, bias)
     if gated:
-        gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
+        y = silu_and_mul_ref(y)
     if residual is not None:
         y = y + residual
     return y
