@@ -4,11 +4,11 @@ outputs as the synchronous loop, in every situation that touches a pending token
 from __future__ import annotations
 
 import pytest
-import torch
 
 import roseinfer.runner.cuda_graphs as cuda_graphs
 import roseinfer.runner.inputs as inputs
 from roseinfer import LLM, SamplingParams
+from tests.engine.cpu_graph_replay import cpu_decode_graphs
 
 
 def make(llama_dir: str, async_scheduling: bool, **kw) -> LLM:
@@ -131,26 +131,7 @@ def test_graph_path_fills_pending_tokens(llama_dir, fills):
     want = token_ids(make(llama_dir, False).generate(PROMPTS, greedy(), use_tqdm=False))
     llm = make(llama_dir, True)
     runner = llm.engine.core.runner
-    graphs = cuda_graphs.DecodeGraphs(
-        runner._forward_logits, runner.device, 8, runner.max_blocks_per_seq, runner.block_size
-    )
-
-    class Replay:
-        def __init__(self, size: int) -> None:
-            self.size = size
-            self.logits = torch.zeros(size, runner.cfg.vocab_size)
-            self.replays = 0
-
-        def replay(self) -> None:
-            g, n = graphs, self.size
-            meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
-            meta.seq_lens_cpu = g.seq_lens[:n].tolist()
-            meta.max_seq_len = max(meta.seq_lens_cpu)
-            self.logits.copy_(runner._forward_logits(g.ids[:n], g.positions[:n], meta))
-            self.replays += 1
-
-    replays = {size: Replay(size) for size in graphs.sizes}
-    graphs.graphs = {size: (r, r.logits) for size, r in replays.items()}
+    graphs, replays = cpu_decode_graphs(runner, 8)
     runner.graphs = graphs
     assert token_ids(llm.generate(PROMPTS, greedy(), use_tqdm=False)) == want
     assert sum(r.replays for r in replays.values()) > 0 and sum(fills) > 0

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
-from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.inputs import build_host_step
 from roseinfer.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from tests.engine.cpu_graph_replay import cpu_decode_graphs
 
 
 def make(llama_dir: str, **kw) -> LLM:
@@ -40,26 +39,7 @@ def test_graph_path_gathers_rows_when_counts_happen_to_match(llama_dir):
     llm = make(llama_dir)
     runner, kv = llm.engine.core.runner, llm.engine.core.kv
 
-    # The real DecodeGraphs.run on the CPU: a "graph" whose replay runs the forward on the graph buffers.
-    graphs = DecodeGraphs(
-        runner._forward_logits, runner.device, 4, runner.max_blocks_per_seq, runner.block_size
-    )
-
-    class Replay:
-        def __init__(self, size: int) -> None:
-            self.size = size
-            self.logits = torch.zeros(size, runner.cfg.vocab_size)
-
-        def replay(self) -> None:
-            g, n = graphs, self.size
-            meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
-            meta.seq_lens_cpu = g.seq_lens[:n].tolist()
-            meta.max_seq_len = max(meta.seq_lens_cpu)
-            self.logits.copy_(runner._forward_logits(g.ids[:n], g.positions[:n], meta))
-
-    for size in graphs.sizes:
-        replay = Replay(size)
-        graphs.graphs[size] = (replay, replay.logits)
+    graphs, _ = cpu_decode_graphs(runner, 4)
 
     a = Request("A", [30, 31, 32, 33, 34, 35], greedy(4))
     b = Request("B", [40, 41, 42, 43, 44], greedy(4, n=2))

@@ -1,0 +1,33 @@
+"""`DecodeGraphs.run` on the CPU: each captured "graph" is a stand-in whose replay runs the forward on the
+graph buffers, so the real graph path (buffers, padding, row gathering) is exercised without CUDA."""
+
+from __future__ import annotations
+
+import torch
+
+from roseinfer.runner.cuda_graphs import DecodeGraphs
+
+
+class CpuReplay:
+    def __init__(self, graphs: DecodeGraphs, runner, size: int) -> None:
+        self.graphs, self.runner, self.size = graphs, runner, size
+        self.logits = torch.zeros(size, runner.cfg.vocab_size)
+        self.replays = 0
+
+    def replay(self) -> None:
+        g, n = self.graphs, self.size
+        meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
+        meta.seq_lens_cpu = g.seq_lens[:n].tolist()
+        meta.max_seq_len = max(meta.seq_lens_cpu)
+        self.logits.copy_(self.runner._forward_logits(g.ids[:n], g.positions[:n], meta))
+        self.replays += 1
+
+
+def cpu_decode_graphs(runner, max_batch: int) -> tuple[DecodeGraphs, dict[int, CpuReplay]]:
+    """Decode graphs for `runner` up to `max_batch` rows whose replays run on the CPU; not yet installed."""
+    graphs = DecodeGraphs(
+        runner._forward_logits, runner.device, max_batch, runner.max_blocks_per_seq, runner.block_size
+    )
+    replays = {size: CpuReplay(graphs, runner, size) for size in graphs.sizes}
+    graphs.graphs = {size: (r, r.logits) for size, r in replays.items()}
+    return graphs, replays
