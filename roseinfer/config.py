@@ -207,5 +207,9 @@ class EngineConfig:
     async_scheduling: bool = True
     # Batches of one token run as GEMVs with the norms and residual adds folded in (llama family, CUDA).
     one_token_gemv: bool = True
+    # Fold each layer's RMSNorm weights into the linear after it, so that decode-only steps launch no norm:
+    # the kernels that read those linears' outputs apply 1 / rms (llama family without q/k norm, Triton
+    # attention, bf16/fp32; fp16 is left alone, as un-normalised rows times weights may overflow it).
+    fold_norms: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings

@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, profile (on request)
+#             gemv, fold, profile (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -49,6 +49,15 @@ for s in "${sections[@]}"; do
         for g in one-token-gemv no-one-token-gemv; do
           run roofline-b1-$shape-$g '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 1 --contexts 1024 --prefill-tokens 512 --$g --json "$OUT/roofline_b1_${shape}_$g.json"
         done
+      done ;;
+    fold)  # decode-only steps with and without the RMSNorm launches (norm weights folded), same lease
+      for shape in qwen2.5-0.5b llama-3.1-8b; do
+        for f in fold-norms no-fold-norms; do
+          run roofline-$shape-$f '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 16,64,256 --contexts 1024 --prefill-tokens 512 --$f --json "$OUT/roofline_${shape}_$f.json"
+        done
+      done
+      for f in fold-norms no-fold-norms fold-norms no-fold-norms; do
+        run w1-qwen-$f "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --$f --json "$OUT/w1_qwen_$f.json"
       done ;;
     profile)
       $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.decode_new_token import DeferredNorm
 
 
 class AttentionBackend(ABC):
@@ -20,6 +21,8 @@ class AttentionBackend(ABC):
 
     name: str = "abstract"
     fuses_rotary: bool = False  # forward() takes `rope` and rotates q/k itself
+    # forward() takes `norm` on decode-only steps: q/k/v are unfinished projections (see DeferredNorm)
+    defers_norm: bool = False
 
     @abstractmethod
     def forward(
@@ -32,6 +35,7 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # (positions, cos_sin), if fuses_rotary
+        norm: DeferredNorm | None = None,  # if defers_norm, on decode-only steps
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.decode_new_token import DeferredNorm
 from roseinfer.profiling import record
 
 
@@ -43,9 +44,12 @@ class TorchAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        norm: DeferredNorm | None = None,
     ) -> torch.Tensor:
         if rope is not None:
             raise ValueError("the torch backend does not fuse rotary: rotate q/k before forward()")
+        if norm is not None:
+            raise ValueError("the torch backend does not take deferred norms: finish q/k/v before forward()")
         with record("kv_write"):
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.zeros_like(q)

@@ -2,7 +2,7 @@
 
 A decode-only step (every sequence has one new token, row i <-> sequence i) is one launch per layer: the
 split-K decode kernel rotates q and the new k in registers, attends to the new token from them and writes
-its K/V to the cache. Any other step first stores its K/V (rotating in the same launch), then runs the
+its K/V to the cache; given a `DeferredNorm`, it first finishes q/k/v (the layer's RMSNorm, deferred). Any other step first stores its K/V (rotating in the same launch), then runs the
 prefill kernel, except for the decodes at its front, which take the decode kernel. For decode the whole
 path is CUDA-graph safe: no host syncs, and every allocation and launch shape depends only on tensor
 shapes and `meta.max_seq_len` (a host int).
@@ -15,7 +15,7 @@ import torch
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.block_copy import copy_blocks
-from roseinfer.kernels.decode_new_token import NewTokenKV
+from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV
 from roseinfer.kernels.kv_store import store_kv
 from roseinfer.kernels.paged_decode_attention import paged_decode_attention
 from roseinfer.kernels.paged_decode_split import MAX_SPLITS, choose_num_splits
@@ -27,6 +27,7 @@ from roseinfer.profiling import record
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     fuses_rotary = True
+    defers_norm = True
 
     def forward(
         self,
@@ -38,6 +39,7 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        norm: DeferredNorm | None = None,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
         num_seqs = meta.seq_lens.shape[0]
@@ -46,12 +48,14 @@ class TritonAttentionBackend(AttentionBackend):
             # One launch: the kernel rotates q and the new k in registers, attends to the new token from
             # them, and writes its K/V to the cache slot.
             batch = min(num_tokens, num_seqs)
-            new_kv = NewTokenKV(k[:batch], v[:batch], meta.slot_mapping[:batch], rope)
+            new_kv = NewTokenKV(k[:batch], v[:batch], meta.slot_mapping[:batch], rope, norm)
             with record("kv_write+attention"):
                 self._decode(q, k_cache, v_cache, meta, scale, out, batch, meta.max_seq_len, new_kv)
             if batch < num_tokens:
                 out[batch:].zero_()  # rows without a sequence (padding)
             return out
+        if norm is not None:
+            raise ValueError("a deferred norm is only taken on decode-only steps")
         with record("kv_write"):
             if rope is None:
                 store_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -95,6 +95,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "enable_chunked_prefill",
         "max_model_len",
         "async_scheduling",
+        "fold_norms",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -130,4 +131,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         action=argparse.BooleanOptionalAction,
         default=None,
         help="schedule the next step while the current one runs (default on)",
+    )
+    engine.add_argument(
+        "--fold-norms",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode steps without RMSNorm launches: norm weights folded into the linears (default on)",
     )

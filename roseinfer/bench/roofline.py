@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="batch-1 decode as fused GEMVs (default on); --no-one-token-gemv times cuBLAS + separate kernels",
     )
+    parser.add_argument(
+        "--fold-norms",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode steps without RMSNorm launches (default on); --no-fold-norms times them with the launches",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", default=None)
 
@@ -128,6 +134,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         one_token_gemv=args.one_token_gemv,
+        fold_norms=args.fold_norms,
         enable_prefix_caching=False,
     )
     core = llm.engine.core
@@ -199,6 +206,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         "bandwidth_TBps": bandwidth / 1e12,
         "matmul_TFLOPs": tflops,
         "one_token_gemv": args.one_token_gemv,
+        "fold_norms": args.fold_norms,
         "rows": rows,
     }
     print(format_table(result))
@@ -212,7 +220,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"roofline {result['header']['model_shape']} on {result['header']['device']}"
         f" (copy {result['bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)"
-        + ("" if result.get("one_token_gemv", True) else ", batch 1 without the fused GEMV"),
+        + ("" if result.get("one_token_gemv", True) else ", batch 1 without the fused GEMV")
+        + ("" if result.get("fold_norms", True) else ", decode with RMSNorm launches"),
         f"{'step':<24}{'ms':>10}{'floor ms':>10}{'x floor':>9}  note",
     ]
     for r in result["rows"]:

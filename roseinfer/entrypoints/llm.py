@@ -47,6 +47,7 @@ def make_engine_config(
     enforce_eager: bool = False,
     async_scheduling: bool = True,
     one_token_gemv: bool = True,
+    fold_norms: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
     path = resolve_model_path(model, need_weights=load_format != "dummy")
@@ -81,6 +82,7 @@ def make_engine_config(
         enforce_eager=enforce_eager,
         async_scheduling=async_scheduling,
         one_token_gemv=one_token_gemv,
+        fold_norms=fold_norms,
         seed=seed,
         max_model_len=max_len,
     )

@@ -1,4 +1,8 @@
-"""SiLU-and-mul (SwiGLU gate): `silu(x[:, :I]) * x[:, I:]` in one launch."""
+"""SiLU-and-mul (SwiGLU gate): `silu(x[:, :I]) * x[:, I:]` in one launch.
+
+With `rms_of`, x is the gate_up projection of rows taken before their RMSNorm (the norm's weight folded
+into the projection): the kernel first scales both halves by 1 / rms of the row of `rms_of`.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,33 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.rmsnorm import row_inv_rms, scale_by_inv_rms_ref
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    r_ptr,
+    stride_x,
+    stride_o,
+    stride_r,
+    n_cols,
+    r_cols,
+    eps,
+    BLOCK: tl.constexpr,
+    DEFERRED_NORM: tl.constexpr,
+    R_CHUNK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
+    if DEFERRED_NORM:
+        inv_rms = row_inv_rms(r_ptr + row * stride_r, r_cols, eps, R_CHUNK)
+        gate = (gate.to(tl.float32) * inv_rms).to(gate.dtype)  # rounded as the linear's output would be
+        up = (up.to(tl.float32) * inv_rms).to(up.dtype)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded like torch's silu output
     tl.store(
@@ -22,21 +45,41 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.c
     )
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """x [N, 2I] -> [N, I]. `rms_of` [N, H]: the rows whose RMSNorm was deferred to here (see module doc)."""
     n_rows, width = x.shape
     n_cols = width // 2
     if x.stride(-1) != 1:
         raise ValueError("silu_and_mul needs a contiguous last dimension")
+    if rms_of is not None and (rms_of.dim() != 2 or rms_of.shape[0] < n_rows or rms_of.stride(-1) != 1):
+        raise ValueError(
+            f"rms_of must be [>= {n_rows}, H] with a contiguous last dim, got {tuple(rms_of.shape)}"
+        )
     out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return out
     block = min(1024, triton.next_power_of_2(n_cols))
+    r = rms_of if rms_of is not None else x
     _silu_and_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        x, out, x.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=4
+        x,
+        out,
+        r,
+        x.stride(0),
+        out.stride(0),
+        r.stride(0),
+        n_cols,
+        r.shape[1],
+        eps,
+        BLOCK=block,
+        DEFERRED_NORM=rms_of is not None,
+        R_CHUNK=min(1024, triton.next_power_of_2(r.shape[1])),
+        num_warps=4,
     )
     return out
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_ref(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    if rms_of is not None:
+        x = scale_by_inv_rms_ref(x, rms_of[: x.shape[0]], eps)
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

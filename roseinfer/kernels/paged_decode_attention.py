@@ -9,7 +9,8 @@ launch.
 
 Given the step's new token (`NewTokenKV`), the kernel also does what a separate rotary + KV-store launch
 would: it rotates q and the new k in registers, attends to the new token from them, and writes its K/V to
-the cache slot. A decode step is then one launch per layer.
+the cache slot. A decode step is then one launch per layer. With a `DeferredNorm` it also finishes the
+qkv projection (1 / rms of the row before the layer's norm, and the bias), so the norm needs no launch.
 
 The split boundaries come from `seq_lens` on the device, so the launch depends only on shapes and
 `num_splits` (CUDA-graph safe); `num_splits` only changes how the work is cut, never the result.
@@ -31,6 +32,7 @@ from roseinfer.kernels._common import (
 )
 from roseinfer.kernels.decode_new_token import NewTokenKV, check_new_kv
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
+from roseinfer.kernels.rmsnorm import row_inv_rms
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -50,6 +52,8 @@ def _decode_kernel(
     slot_ptr,
     pos_ptr,
     cos_sin_ptr,
+    x_ptr,
+    bias_ptr,
     qk_scale,
     num_q_heads,
     num_kv_heads,
@@ -69,6 +73,9 @@ def _decode_kernel(
     stride_knh,
     stride_vnb,
     stride_vnh,
+    stride_xb,
+    hidden,
+    eps,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -77,6 +84,9 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     APPEND: tl.constexpr,
     ROPE: tl.constexpr,
+    DEFERRED_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    X_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     SPLITS_CHUNK: tl.constexpr,
@@ -105,6 +115,14 @@ def _decode_kernel(
     q_mask = g_mask[:, None] & d_mask[None, :]
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
+    # Offsets of q's, the kv head's k's and v's bias in the fused qkv bias (used with DEFERRED_NORM).
+    q_bias = heads[:, None] * HEAD_DIM
+    k_bias = (num_q_heads + kvh) * HEAD_DIM
+    v_bias = (num_q_heads + num_kv_heads + kvh) * HEAD_DIM
+    inv_rms = 1.0
+    if DEFERRED_NORM:
+        inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
+        q = _finish(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
     if ROPE:
         # Neox rotation of whole rows: x * cos + partner * (-sin | +sin), where element d's partner is
         # d + D/2 in the first half and d - D/2 in the second (a second, permuted load of the same row).
@@ -115,6 +133,8 @@ def _decode_kernel(
         sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
         sin = tl.where(d < half, -sin, sin)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
+        if DEFERRED_NORM:
+            q_partner = _finish(q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS)
         q = _rotate(q, q_partner, cos[None, :], sin[None, :])
     q = q.to(DOT_DTYPE)
 
@@ -156,9 +176,15 @@ def _decode_kernel(
         if (own >= start) & (own < end):
             kn = k_new_ptr + b64 * stride_knb + kvh * stride_knh
             k_tok = tl.load(kn + d, mask=d_mask, other=0.0)
-            if ROPE:
-                k_tok = _rotate(k_tok, tl.load(kn + partner, mask=d_mask, other=0.0), cos, sin)
             v_tok = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d, mask=d_mask, other=0.0)
+            if DEFERRED_NORM:
+                k_tok = _finish(k_tok, inv_rms, bias_ptr + k_bias + d, d_mask, HAS_BIAS)
+                v_tok = _finish(v_tok, inv_rms, bias_ptr + v_bias + d, d_mask, HAS_BIAS)
+            if ROPE:
+                k_partner = tl.load(kn + partner, mask=d_mask, other=0.0)
+                if DEFERRED_NORM:
+                    k_partner = _finish(k_partner, inv_rms, bias_ptr + k_bias + partner, d_mask, HAS_BIAS)
+                k_tok = _rotate(k_tok, k_partner, cos, sin)
             s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
             m_up = tl.maximum(m_i, s_tok)
             a_up = tl.exp2(m_i - m_up)
@@ -231,6 +257,15 @@ def _decode_kernel(
 
 
 @triton.jit
+def _finish(raw, inv_rms, bias_ptrs, mask, HAS_BIAS: tl.constexpr):
+    """A projection of a row taken before its RMSNorm: times the row's 1 / rms, plus the bias, rounded."""
+    y = raw.to(tl.float32) * inv_rms
+    if HAS_BIAS:
+        y += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return y.to(raw.dtype)
+
+
+@triton.jit
 def _rotate(x, partner, cos, signed_sin):
     """Neox rotation in float32, rounded back to the input dtype (as the rotary kernel rounds it)."""
     return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
@@ -287,7 +322,7 @@ def paged_decode_attention(
     elif out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if new_kv is not None:
-        check_new_kv(new_kv, batch, num_kv_heads, head_dim)
+        check_new_kv(new_kv, batch, num_q_heads, num_kv_heads, head_dim)
     if batch == 0:
         return out
 
@@ -313,6 +348,10 @@ def paged_decode_attention(
     slots = new_kv.slot_mapping if new_kv is not None else seq_lens
     rope = new_kv.rope if new_kv is not None else None
     positions, cos_sin = rope if rope is not None else (seq_lens, out)
+    norm = new_kv.norm if new_kv is not None else None
+    x = norm.x if norm is not None else out
+    bias = norm.bias if norm is not None and norm.bias is not None else out
+    hidden = x.shape[-1]
 
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q,
@@ -330,6 +369,8 @@ def paged_decode_attention(
         slots,
         positions,
         cos_sin,
+        x,
+        bias,
         scale * LOG2E,
         num_q_heads,
         num_kv_heads,
@@ -349,6 +390,9 @@ def paged_decode_attention(
         k_new.stride(1),
         v_new.stride(0),
         v_new.stride(1),
+        x.stride(0),
+        hidden,
+        norm.eps if norm is not None else 0.0,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -357,6 +401,9 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         APPEND=new_kv is not None,
         ROPE=rope is not None,
+        DEFERRED_NORM=norm is not None,
+        HAS_BIAS=norm is not None and norm.bias is not None,
+        X_CHUNK=min(1024, triton.next_power_of_2(hidden)),
         SPLIT=split,
         SPLITS_PAD=splits_pad,
         SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),

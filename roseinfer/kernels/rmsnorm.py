@@ -40,6 +40,17 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
 
 
+@triton.jit
+def row_inv_rms(row_ptr, n_cols, eps, CHUNK: tl.constexpr):
+    """1 / rms of one row (float32), read in chunks: for kernels that apply a norm deferred to them."""
+    cols = tl.arange(0, CHUNK)
+    sq = tl.zeros([CHUNK], dtype=tl.float32)
+    for c0 in range(0, n_cols, CHUNK):
+        v = tl.load(row_ptr + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
+        sq += v * v
+    return tl.rsqrt(tl.sum(sq, axis=0) / n_cols + eps)
+
+
 def rmsnorm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -81,3 +92,15 @@ def rmsnorm_ref(
     xf = x.float()
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return weight * y
+
+
+def scale_by_inv_rms_ref(
+    y: torch.Tensor, x: torch.Tensor, eps: float, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """What a deferred norm finishes: `y` [N, M] was computed from the rows of `x` [N, H] before their
+    RMSNorm (with its weight folded into the linear), so `y * (1 / rms(x)) (+ bias)`, rounded to y's dtype."""
+    xf = x.float()
+    out = y.float() * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(y.dtype)

@@ -12,6 +12,7 @@ from torch import nn
 
 from roseinfer.attention.backend import AttentionBackend
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.decode_new_token import DeferredNorm
 
 
 @dataclass
@@ -122,9 +123,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """With `rms_of`, x is a projection of those rows before their RMSNorm: scaled by 1 / rms first (Triton)."""
     if fused_kernels_for(x):
-        return _act.silu_and_mul(x)
+        return _act.silu_and_mul(x, rms_of, eps)
+    if rms_of is not None:
+        raise ValueError("a deferred norm in silu_and_mul needs the Triton kernel")
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -145,9 +149,11 @@ def paged_attention(
     scale: float,
     positions: torch.Tensor | None = None,
     rotary: RotaryEmbedding | None = None,
+    norm: DeferredNorm | None = None,
 ) -> torch.Tensor:
     """q/k/v are [T, heads, head_dim]; returns [T, heads * head_dim]. With `rotary`, q and k are rotated
-    first: inside the backend's KV write when it fuses the two (one launch), else here."""
+    first: inside the backend's KV write when it fuses the two (one launch), else here. With `norm` they are
+    unfinished projections that the backend finishes (decode-only steps of a backend that `defers_norm`)."""
     rope = None
     if rotary is not None:
         assert positions is not None and rotary.cos_sin is not None
@@ -155,7 +161,11 @@ def paged_attention(
             rope = (positions, rotary.cos_sin)
         else:
             q, k = rotary(positions, q, k)
-    out = ctx.backend.forward(
-        q, k, v, ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1], ctx.meta, scale, rope
-    )
+    caches = (ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1])
+    if norm is not None:
+        if rotary is not None and rope is None:
+            raise ValueError("a deferred norm must be applied before rotary: the backend must fuse both")
+        out = ctx.backend.forward(q, k, v, *caches, ctx.meta, scale, rope, norm=norm)
+    else:
+        out = ctx.backend.forward(q, k, v, *caches, ctx.meta, scale, rope)
     return out.reshape(out.shape[0], -1)

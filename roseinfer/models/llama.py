@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from roseinfer.config import ModelConfig
+from roseinfer.kernels.decode_new_token import DeferredNorm
 from roseinfer.models.layers import (
     ForwardContext,
     RMSNorm,
@@ -46,11 +47,24 @@ class LlamaAttention(nn.Module):
         )
         return gemv(self._attend(qkv, positions, ctx), self.o_proj.weight, residual=residual)
 
-    def _attend(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def attend_deferred_norm(
+        self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """Attention of `norm(x)` with the norm's weight folded into qkv_proj (`fold_norm_weights`): the qkv
+        GEMM reads x itself, and the attention kernel finishes q/k/v (1 / rms of x, bias) as it loads them."""
+        qkv = torch.mm(x, self.qkv_proj.weight.t())
+        q, k, v = self._split_heads(qkv)
+        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias)
+        return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary, unfinished)
+
+    def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        return q, k, v.view(-1, self.num_kv_heads, self.head_dim)
+
+    def _attend(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        q, k, v = self._split_heads(qkv)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary)
@@ -101,6 +115,18 @@ class LlamaDecoderLayer(nn.Module):
         residual = self.self_attn.forward_one_token(residual, self.input_layernorm, positions, ctx)
         return self.mlp.forward_one_token(residual, self.post_attention_layernorm)
 
+    def forward_deferred_norm(
+        self, residual: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> None:
+        """The layer on the residual stream, in place, with no norm launch (norm weights folded into the
+        linears): qkv GEMM, attention (finishing q/k/v), o GEMM adding into the stream, gate_up GEMM, SiLU
+        (applying the second norm's 1 / rms), down GEMM adding into the stream. Six launches, not nine."""
+        attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx)
+        residual.addmm_(attn, self.self_attn.o_proj.weight.t())
+        gate_up = torch.mm(residual, self.mlp.gate_up_proj.weight.t())
+        act = silu_and_mul(gate_up, rms_of=residual, eps=self.post_attention_layernorm.eps)
+        residual.addmm_(act, self.mlp.down_proj.weight.t())
+
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
@@ -116,11 +142,16 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         ctx: ForwardContext,
         one_token_gemv: bool = False,
+        deferred_norm: bool = False,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if one_token_gemv:
             for layer in self.layers:
                 x = layer.forward_one_token(x, positions, ctx)
+            return self.norm(x)
+        if deferred_norm:
+            for layer in self.layers:
+                layer.forward_deferred_norm(x, positions, ctx)  # x is the residual stream, updated in place
             return self.norm(x)
         residual = None
         for layer in self.layers:
@@ -144,6 +175,8 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         # Batches of one token (batch-1 decode) run as GEMVs with the norms and residual adds folded in.
         self.one_token_gemv = True
+        # Set by fold_norm_weights: decode-only steps then run without RMSNorm launches.
+        self.norms_folded = False
         self.model = LlamaModel(cfg, max_positions)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -153,7 +186,41 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(input_ids, positions, ctx, self._gemv_for(input_ids))
+        if self._gemv_for(input_ids):
+            return self.model(input_ids, positions, ctx, one_token_gemv=True)
+        deferred = (
+            self.norms_folded
+            and ctx.meta.is_decode_only
+            and ctx.backend.defers_norm
+            and fused_kernels_for(input_ids)
+        )
+        return self.model(input_ids, positions, ctx, deferred_norm=deferred)
+
+    @property
+    def can_fold_norms(self) -> bool:
+        """q/k norms (Qwen3) sit between qkv_proj and attention, where the deferred norm is applied."""
+        return not self.cfg.qk_norm
+
+    @torch.no_grad()
+    def fold_norm_weights(self) -> None:
+        """Fold each layer's RMSNorm weight g into the linear that reads the norm, `norm(x; g) @ W.T ==
+        norm(x; 1) @ (W * g).T`, and leave the norms with unit weights: every path computes the same
+        function, and decode-only steps may skip the norm launches (`LlamaDecoderLayer.forward_deferred_norm`).
+        The final norm is left alone (the lm_head may be tied to the embedding)."""
+        if not self.can_fold_norms:
+            raise ValueError(f"{self.cfg.architecture}: q/k norms stop the norm weights from being folded")
+        if self.norms_folded:
+            return
+        for layer in self.model.layers:
+            pairs = (
+                (layer.input_layernorm, layer.self_attn.qkv_proj),
+                (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
+            )
+            for norm, linear in pairs:
+                w = linear.weight
+                w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+                norm.weight.fill_(1.0)
+        self.norms_folded = True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._gemv_for(hidden):

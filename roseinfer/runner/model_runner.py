@@ -59,6 +59,13 @@ class ModelRunner:
         if hasattr(self.model, "one_token_gemv"):
             self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
+        if (
+            config.fold_norms
+            and self.backend.defers_norm
+            and getattr(self.model, "can_fold_norms", False)
+            and self.dtype != torch.float16
+        ):
+            self.model.fold_norm_weights()
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}
         self.staging = Staging(self.device)  # start-up profiling and benchmarks

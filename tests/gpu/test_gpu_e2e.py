@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
 
@@ -110,5 +111,29 @@ def test_batch_of_one_matches_hf_on_gpu(model_dir):
             max_num_seqs=4,
         )
         assert [token_ids(llm, [p])[0] for p in prompts] == want, f"eager={eager}"
+        del llm
+        free_gpu()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
+    """Batched decode-only steps skip the RMSNorm launches (norm weights folded, spread far from 1), eager
+    and as CUDA graphs, against HF in float32."""
+    model = hf_model_with_spread_norms(arch, tmp_path)
+    prompts = random_prompts(model.config.vocab_size, seed=41)
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    for eager in (True, False):
+        llm = LLM(
+            str(tmp_path),
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            attention_backend="triton",
+            enforce_eager=eager,
+            num_kv_blocks=512,
+            max_num_seqs=16,
+        )
+        assert llm.engine.core.runner.model.norms_folded
+        assert token_ids(llm, prompts) == want, f"eager={eager}"
         del llm
         free_gpu()

@@ -7,7 +7,7 @@ import torch
 
 from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
 from roseinfer.kernels.kv_store import store_kv_ref
-from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref, scale_by_inv_rms_ref
 from roseinfer.kernels.rotary import apply_rotary, apply_rotary_and_store_kv, apply_rotary_ref
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
 
@@ -92,6 +92,40 @@ def test_rotary_and_store_kv(dtype, tokens, hq, hk, d, block_size):
 def test_silu_and_mul(dtype, rows, inter):
     x = randn((rows, 2 * inter), dtype, generator("silu", dtype, rows, inter))
     close(silu_and_mul(x), silu_and_mul_ref(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("rows", "inter", "hidden"), [(1, 16, 7), (6, 112, 96), (3, 1500, 1500), (2, 64, 2048)]
+)
+def test_silu_and_mul_deferred_norm(dtype, rows, inter, hidden):
+    """gate_up computed from rows before their RMSNorm: the kernel scales by 1/rms of those rows first. The
+    rows are far from unit rms (and there are more of them than x has, as with padded batches)."""
+    g = generator("silu-norm", dtype, rows, inter, hidden)
+    x = randn((rows, 2 * inter), dtype, g)
+    rows_before_norm = 30 * randn((rows + 2, hidden), dtype, g)
+    out = silu_and_mul(x, rms_of=rows_before_norm, eps=1e-6)
+    close(out, silu_and_mul_ref(x, rms_of=rows_before_norm, eps=1e-6), dtype)
+    assert not torch.allclose(out.float(), silu_and_mul_ref(x).float(), atol=0.1)
+
+
+def test_silu_and_mul_rms_of_shape_checked():
+    x = torch.zeros(4, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="rms_of"):
+        silu_and_mul(x, rms_of=torch.zeros(3, 8, device=DEVICE))
+
+
+def test_folded_norm_weight_identity():
+    """The algebra the deferred norm rests on: norm(x; g) @ W.T == (x @ (W * g).T) / rms(x) (float64 inputs;
+    the references compute the norm in float32)."""
+    g = generator("fold")
+    x = torch.randn(5, 48, generator=g, dtype=torch.float64) * 7
+    w = torch.randn(40, 48, generator=g, dtype=torch.float64)
+    gain = 1 + 0.5 * torch.randn(48, generator=g, dtype=torch.float64)
+    bias = torch.randn(40, generator=g, dtype=torch.float64)
+    want = rmsnorm_ref(x, gain, 1e-6) @ w.T + bias
+    got = scale_by_inv_rms_ref(x @ (w * gain).T, x, 1e-6, bias)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_rotary_ref_matches_model_rotary():

@@ -7,12 +7,13 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from roseinfer.kernels.decode_new_token import NewTokenKV  # noqa: E402
+from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV  # noqa: E402
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention,
     paged_decode_attention_ref,
 )
 from roseinfer.kernels.paged_decode_split import choose_num_splits, live_counters  # noqa: E402
+from roseinfer.kernels.rmsnorm import scale_by_inv_rms_ref  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
@@ -137,12 +138,17 @@ def _run_append(
     num_splits: int | None,
     rope: bool,
     seed_tag: str,
+    deferred_norm: str | None = None,
 ) -> None:
     """Key seq_len-1 of each sequence is the new token: NaN in the cache before the launch (the kernel must
-    not read it), given unrotated in new_kv, and expected rotated in its slot afterwards."""
+    not read it), given unrotated in new_kv, and expected rotated in its slot afterwards.
+
+    deferred_norm "bias" / "nobias": q, k and v are handed over unfinished (`DeferredNorm`): projections of
+    rows far from unit rms, before their norm; the kernel must scale them by 1 / rms and add the bias."""
     gen = generator(
-        "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits
-    )
+        "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits,
+        deferred_norm,
+    )  # fmt: skip
     cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
     batch = len(seq_lens)
     lens = torch.tensor(seq_lens)
@@ -159,6 +165,18 @@ def _run_append(
         batch, num_kv_heads, head_dim
     )
     v_new = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(batch, num_kv_heads, head_dim)
+    norm = None
+    q_fin, k_fin, v_fin = q, k_new, v_new  # q, k, v as the reference sees them
+    if deferred_norm is not None:
+        rows = 30 * randn((batch + 1, 3 * head_dim + 5), dtype, gen)  # an odd hidden size; a padding row
+        bias = randn((qkv.shape[1],), dtype, gen) if deferred_norm == "bias" else None
+        norm = DeferredNorm(rows, 1e-6, bias)
+        fin = scale_by_inv_rms_ref(qkv, rows[:batch], 1e-6, bias)
+        q_fin = fin[:, : num_heads * head_dim].view(batch, num_heads, head_dim)
+        k_fin = fin[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(
+            batch, num_kv_heads, head_dim
+        )
+        v_fin = fin[:, (num_heads + num_kv_heads) * head_dim :].view(batch, num_kv_heads, head_dim)
     has = (lens > 0).to(DEVICE)
     cache.k_cache[blk[has], off[has]] = float("nan")
     cache.v_cache[blk[has], off[has]] = float("nan")
@@ -166,12 +184,14 @@ def _run_append(
     rot = RotaryEmbedding(head_dim, max(seq_lens) + 1, 10000.0, None)
     rot.build(DEVICE)
     assert rot.cos_sin is not None
-    q_ref, k_ref = apply_rotary_ref(q, k_new, positions, rot.cos_sin) if rope else (q.clone(), k_new.clone())
+    q_ref, k_ref = (
+        apply_rotary_ref(q_fin, k_fin, positions, rot.cos_sin) if rope else (q_fin.clone(), k_fin.clone())
+    )
     before = cache.kv.clone()
     qkv_before = qkv.clone()
 
     new_kv = NewTokenKV(
-        k_new, v_new, slots.to(torch.int32).to(DEVICE), (positions, rot.cos_sin) if rope else None
+        k_new, v_new, slots.to(torch.int32).to(DEVICE), (positions, rot.cos_sin) if rope else None, norm
     )
     scale = head_dim**-0.5
     out = paged_decode_attention(
@@ -191,7 +211,10 @@ def _run_append(
     written[blk[has], 1, 1, off[has]] = float("nan")
     torch.testing.assert_close(written, before, equal_nan=True, atol=0, rtol=0)  # nothing else written
     assert_close(cache.k_cache[blk[has], off[has]], k_ref[has], dtype)
-    assert torch.equal(cache.v_cache[blk[has], off[has]], v_new[has])
+    if norm is None:
+        assert torch.equal(cache.v_cache[blk[has], off[has]], v_new[has])
+    else:  # finished in the kernel: its 1 / rms may differ from the reference's in the last bit
+        assert_close(cache.v_cache[blk[has], off[has]], v_fin[has], dtype)
     ref_k, ref_v = cache.k_cache.clone(), cache.v_cache.clone()
     ref = paged_decode_attention_ref(q_ref, ref_k, ref_v, cache.block_tables, cache.seq_lens, scale)
     assert_close(out, ref, dtype)
@@ -219,6 +242,31 @@ def test_decode_new_token(
 @pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
 def test_decode_new_token_dtypes(dtype: torch.dtype, head_dim: int, rope: bool) -> None:
     _run_append([5, 40, 16, 0], 16, 6, 2, head_dim, dtype, 2, rope, "dtypes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("deferred_norm", ["bias", "nobias"])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_deferred_norm(
+    dtype: torch.dtype, deferred_norm: str, rope: bool, num_splits: int
+) -> None:
+    _run_append([5, 40, 16, 0, 33], 16, 14, 2, 64, dtype, num_splits, rope, "norm", deferred_norm)
+
+
+def test_decode_new_token_deferred_norm_checks_shapes() -> None:
+    q = torch.zeros((2, 4, 16), device=DEVICE)
+    kv = torch.zeros((4, 16, 2, 16), device=DEVICE)
+    tables = torch.zeros((2, 1), dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(2, dtype=torch.int32, device=DEVICE)
+    k = torch.zeros((2, 2, 16), device=DEVICE)
+    slots = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for norm, match in (
+        (DeferredNorm(torch.zeros((1, 32), device=DEVICE), 1e-6), "norm.x"),
+        (DeferredNorm(torch.zeros((2, 32), device=DEVICE), 1e-6, torch.zeros(7, device=DEVICE)), "norm.bias"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            paged_decode_attention(q, kv, kv, tables, lens, 1.0, new_kv=NewTokenKV(k, k, slots, None, norm))
 
 
 def test_decode_new_token_twice_in_a_row() -> None:
@@ -267,3 +315,4 @@ def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: 
     lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, 16, 17, 4096, 0]
     for splits in (None, 1, 7):
         _run_append(lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}")
+        _run_append(lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}", "bias")

@@ -1,0 +1,105 @@
+"""Decode steps without RMSNorm launches (norm weights folded into the linears), end to end against HF.
+
+On a GPU, decode-only steps take this path by themselves. Here, on the CPU, the test makes the model use
+its Triton kernels (run by Triton's interpreter) and the Triton attention backend, then checks greedy output
+token for token against HF transformers on the same random weights. The layer norms' weights are spread
+far from 1 so that a weight left unfolded, or a 1 / rms left out, changes the tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import roseinfer.models.layers as layers
+import roseinfer.models.llama as llama
+from roseinfer import LLM, SamplingParams
+from tests.models.test_hf_parity import hf_greedy, random_prompts
+from tests.models.tiny_models import make_hf_model
+
+MAX_TOKENS = 4
+
+
+@pytest.fixture
+def triton_kernels_on_cpu(monkeypatch):
+    """Counts the layers that ran without norm launches, and every RMSNorm launch."""
+    calls = {"deferred_layers": 0, "rmsnorm": 0}
+    real_layer, real_rms = llama.LlamaDecoderLayer.forward_deferred_norm, layers._rms.rmsnorm
+
+    def counting_layer(*args, **kwargs):
+        calls["deferred_layers"] += 1
+        return real_layer(*args, **kwargs)
+
+    def counting_rms(*args, **kwargs):
+        calls["rmsnorm"] += 1
+        return real_rms(*args, **kwargs)
+
+    monkeypatch.setattr(llama, "fused_kernels_for", lambda x: True)
+    monkeypatch.setattr(layers, "fused_kernels_for", lambda x: True)
+    monkeypatch.setattr(llama.LlamaDecoderLayer, "forward_deferred_norm", counting_layer)
+    monkeypatch.setattr(layers._rms, "rmsnorm", counting_rms)
+    return calls
+
+
+def hf_model_with_spread_norms(arch: str, directory):
+    model = make_hf_model(arch)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name:
+                p.copy_(0.2 + 1.8 * torch.rand(p.shape, generator=g))
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
+
+
+def _engine(directory, **kwargs) -> LLM:
+    return LLM(
+        str(directory),
+        device="cpu",
+        dtype="float32",
+        block_size=16,
+        cpu_kv_tokens=1024,
+        attention_backend="triton",
+        one_token_gemv=False,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama3 rope; qkv bias + tied lm_head
+def test_decode_without_norm_launches_matches_hf(arch, tmp_path, triton_kernels_on_cpu):
+    model = hf_model_with_spread_norms(arch, tmp_path)
+    prompts = random_prompts(model.config.vocab_size, seed=23, lengths=[1, 17, 30])
+    want = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+    llm = _engine(tmp_path)
+    assert llm.engine.core.runner.model.norms_folded
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    layers_n = model.config.num_hidden_layers
+    # One prefill step for all three prompts, then MAX_TOKENS - 1 decode-only steps of three rows: those
+    # run every layer without a norm launch, and launch only the final norm.
+    decode_steps = MAX_TOKENS - 1
+    assert triton_kernels_on_cpu["deferred_layers"] == decode_steps * layers_n
+    assert triton_kernels_on_cpu["rmsnorm"] == (2 * layers_n + 1) + decode_steps
+    assert llm.engine.core.kv.num_free_blocks == llm.engine.core.kv.num_blocks
+
+
+def test_fold_norms_switched_off_and_qk_norm_models_unfolded(tmp_path, triton_kernels_on_cpu):
+    hf_model_with_spread_norms("llama", tmp_path / "llama")
+    llm = _engine(tmp_path / "llama", fold_norms=False)
+    assert not llm.engine.core.runner.model.norms_folded
+    llm.generate(
+        [[5, 6, 7], [8, 9]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )
+    assert triton_kernels_on_cpu["deferred_layers"] == 0
+
+    model = hf_model_with_spread_norms("qwen3", tmp_path / "qwen3")  # q/k norms: nothing to fold into
+    llm = _engine(tmp_path / "qwen3")
+    assert not llm.engine.core.runner.model.norms_folded
+    prompts = random_prompts(model.config.vocab_size, seed=24, lengths=[3, 9])
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 3) for p in prompts]
+    assert triton_kernels_on_cpu["deferred_layers"] == 0
+    with pytest.raises(ValueError, match="q/k norms"):
+        llm.engine.core.runner.model.fold_norm_weights()
