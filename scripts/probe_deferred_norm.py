@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the closures are timed right where they are made)
 """The go/no-go probe for folded norms (GPU): a layer stack's linears at batch B, with and without the
 two RMSNorm launches per layer, as CUDA graphs.
 
@@ -13,13 +14,13 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from roseinfer.bench.kernels import _graph_median_ms
+from roseinfer.bench.kernels import _graph_median_ms, _paged_cache
 from roseinfer.config import ModelConfig
 from roseinfer.kernels.activation import silu_and_mul
 from roseinfer.kernels.rmsnorm import rmsnorm
 
 
-def main() -> None:
+def linears() -> None:
     dev, dt = torch.device("cuda"), torch.bfloat16
     for shape, batch in (("qwen2.5-0.5b", 64), ("qwen2.5-0.5b", 256), ("llama-3.1-8b", 64)):
         cfg = ModelConfig.from_path(f"roseinfer/models/configs/{shape}.json")
@@ -65,8 +66,88 @@ def main() -> None:
         ta, tb, tc = (_graph_median_ms(f) * 1e3 / layers for f in (a, b, b_inplace))
         print(f"{shape} b={batch}: today {ta:.2f} us/layer, deferred {tb:.2f} (in place {tc:.2f}): "
               f"{ta - tb:+.2f} us/layer, {(ta - tb) * layers:.0f} us/step", flush=True)  # fmt: skip
-    print(torch.cuda.get_device_name(), file=sys.stderr)
+
+
+def kernels() -> None:
+    """The two kernels that take over the norm's work, with and without it (batch 64, context 1k)."""
+    from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV
+    from roseinfer.kernels.paged_decode_attention import _decode_kernel, paged_decode_attention
+    from roseinfer.kernels.paged_decode_split import choose_num_splits
+    from roseinfer.models.layers import RotaryEmbedding
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(0)
+    import roseinfer.kernels.paged_decode_attention as pda
+
+    variants = [("qwen2.5-0.5b", None, 4), ("qwen2.5-0.5b", 96, 4), ("llama-3.1-8b", None, 4)]
+    variants += [("llama-3.1-8b", r, 4) for r in (128, 112)] + [("llama-3.1-8b", None, 8)]
+    real_config = pda._decode_config
+    for shape, maxnreg, warps in variants:
+        pda._launch_options = lambda d, norm, r=maxnreg: {"maxnreg": r} if norm and r else {}
+        pda._decode_config = lambda d, dt, w=warps: (*real_config(d, dt)[:1], w, real_config(d, dt)[2])
+        cfg = ModelConfig.from_path(f"roseinfer/models/configs/{shape}.json")
+        batch, ctx, bs = 64, 1024, 16
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        _, kc, vc, tables = _paged_cache(batch, ctx, bs, hk, d, dt, gen)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+        qkv = torch.randn(batch, (hq + 2 * hk) * d, device=dev, dtype=dt)
+        q = qkv[:, : hq * d].view(batch, hq, d)
+        k = qkv[:, hq * d : (hq + hk) * d].view(batch, hk, d)
+        v = qkv[:, (hq + hk) * d :].view(batch, hk, d)
+        rot = RotaryEmbedding(d, ctx + 1, cfg.rope_theta, None)
+        rot.build(dev)
+        rope = (lens - 1, rot.cos_sin)
+        x = torch.randn(batch, cfg.hidden_size, device=dev, dtype=dt)
+        bias = torch.randn(qkv.shape[1], device=dev, dtype=dt) if cfg.qkv_bias else None
+        slots = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+        splits = choose_num_splits(batch, hk, ctx, dev)
+        out = torch.empty_like(q)
+        times = []
+        for norm in (None, DeferredNorm(x, 1e-6, bias)):
+            nk = NewTokenKV(k, v, slots, rope, norm)
+            times.append(_graph_median_ms(
+                lambda nk=nk: paged_decode_attention(q, kc, vc, tables, lens, d**-0.5, out=out, num_splits=splits, new_kv=nk)
+            ) * 1e3)  # fmt: skip
+        gu = torch.randn(batch, 2 * cfg.intermediate_size, device=dev, dtype=dt)
+        silu = [_graph_median_ms(lambda r=r: silu_and_mul(gu, r, 1e-6)) * 1e3 for r in (None, x)]
+        print(f"{shape} b={batch} ctx={ctx} splits={splits} maxnreg {maxnreg} warps {warps}: attention {times[0]:.2f} -> {times[1]:.2f} us, "
+              f"SiLU {silu[0]:.2f} -> {silu[1]:.2f} us (without -> with the deferred norm)", flush=True)  # fmt: skip
+
+    for kernels_ in _decode_kernel.device_caches.values():
+        for k in kernels_[0].values():
+            print(f"_decode_kernel variant: {k.n_regs} registers, {k.n_spills} spills", flush=True)
+
+
+def agreement() -> None:
+    """bf16 greedy tokens of the tiny models against HF in float32: torch backend, Triton with and without
+    folded norms (how often each agrees on the first 4 tokens)."""
+    import tempfile
+
+    from roseinfer import LLM, SamplingParams
+    from tests.models.test_hf_parity import hf_greedy, random_prompts
+    from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
+
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for arch in sorted(TINY_CONFIGS):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = save_hf_model(arch, tmp)
+            prompts = random_prompts(model.config.vocab_size, seed=11) + random_prompts(
+                model.config.vocab_size, seed=12
+            )
+            want = [hf_greedy(model, p, 4) for p in prompts]
+            row = []
+            for backend, fold in (("torch", False), ("triton", False), ("triton", True)):
+                llm = LLM(tmp, device="cuda", dtype="bfloat16", block_size=16, num_kv_blocks=256, max_num_seqs=32,
+                          attention_backend=backend, fold_norms=fold)  # fmt: skip
+                got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+                row.append(
+                    f"{backend}{'+fold' if fold else ''} {sum(g == w for g, w in zip(got, want))}/{len(want)}"
+                )
+                del llm
+            print(f"{arch}: " + ", ".join(row), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    for section in sys.argv[1:] or ["linears"]:
+        {"linears": linears, "kernels": kernels, "agreement": agreement}[section]()
+    print(torch.cuda.get_device_name(), file=sys.stderr)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from roseinfer.kernels.rmsnorm import row_inv_rms, scale_by_inv_rms_ref
+from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms_ref
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float
         eps,
         BLOCK=block,
         DEFERRED_NORM=rms_of is not None,
-        R_CHUNK=min(1024, triton.next_power_of_2(r.shape[1])),
+        R_CHUNK=row_chunk(r.shape[1]),
         num_warps=4,
     )
     return out

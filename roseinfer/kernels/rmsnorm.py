@@ -42,13 +42,23 @@ def _rmsnorm_kernel(
 
 @triton.jit
 def row_inv_rms(row_ptr, n_cols, eps, CHUNK: tl.constexpr):
-    """1 / rms of one row (float32), read in chunks: for kernels that apply a norm deferred to them."""
+    """1 / rms of one row (float32), read in chunks: for kernels that apply a norm deferred to them. Rows
+    up to ROW_CHUNK_MAX wide take one chunk: a loop of dependent loads would put several memory latencies
+    in front of every program of the kernel."""
     cols = tl.arange(0, CHUNK)
     sq = tl.zeros([CHUNK], dtype=tl.float32)
     for c0 in range(0, n_cols, CHUNK):
         v = tl.load(row_ptr + c0 + cols, mask=c0 + cols < n_cols, other=0.0).to(tl.float32)
         sq += v * v
     return tl.rsqrt(tl.sum(sq, axis=0) / n_cols + eps)
+
+
+ROW_CHUNK_MAX = 4096
+
+
+def row_chunk(n_cols: int) -> int:
+    """The CHUNK of `row_inv_rms` for rows of n_cols."""
+    return min(ROW_CHUNK_MAX, triton.next_power_of_2(n_cols))
 
 
 def rmsnorm(

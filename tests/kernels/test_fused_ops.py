@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from roseinfer.kernels import rmsnorm as rmsnorm_module
 from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
 from roseinfer.kernels.kv_store import store_kv_ref
 from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref, scale_by_inv_rms_ref
@@ -107,6 +108,19 @@ def test_silu_and_mul_deferred_norm(dtype, rows, inter, hidden):
     out = silu_and_mul(x, rms_of=rows_before_norm, eps=1e-6)
     close(out, silu_and_mul_ref(x, rms_of=rows_before_norm, eps=1e-6), dtype)
     assert not torch.allclose(out.float(), silu_and_mul_ref(x).float(), atol=0.1)
+
+
+def test_silu_and_mul_deferred_norm_row_in_chunks(monkeypatch):
+    """Rows wider than ROW_CHUNK_MAX are summed over several chunks, the last one partial."""
+    monkeypatch.setattr(rmsnorm_module, "ROW_CHUNK_MAX", 256)
+    g = generator("silu-norm-chunks")
+    x = randn((3, 2 * 40), torch.float32, g)
+    rows_before_norm = 30 * randn((3, 1000), torch.float32, g)
+    close(
+        silu_and_mul(x, rms_of=rows_before_norm, eps=1e-6),
+        silu_and_mul_ref(x, rows_before_norm, 1e-6),
+        torch.float32,
+    )
 
 
 def test_silu_and_mul_rms_of_shape_checked():
