@@ -79,14 +79,14 @@ def kernels() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     import roseinfer.kernels.paged_decode_attention as pda
 
-    variants = [("qwen2.5-0.5b", None, 4), ("qwen2.5-0.5b", 96, 4), ("llama-3.1-8b", None, 4)]
-    variants += [("llama-3.1-8b", r, 4) for r in (128, 112)] + [("llama-3.1-8b", None, 8)]
+    variants = [("qwen2.5-0.5b", None, 4, 64), ("llama-3.1-8b", None, 4, 64)]
+    variants += [("llama-3.1-8b", None, 4, 256), ("llama-3.1-8b", 128, 4, 256), ("llama-3.1-8b", 112, 4, 256)]
     real_config = pda._decode_config
-    for shape, maxnreg, warps in variants:
-        pda._launch_options = lambda d, norm, r=maxnreg: {"maxnreg": r} if norm and r else {}
+    for shape, maxnreg, warps, batch in variants:
+        pda._launch_options = lambda d, dt, norm, r=maxnreg: {"maxnreg": r} if norm and r else {}
         pda._decode_config = lambda d, dt, w=warps: (*real_config(d, dt)[:1], w, real_config(d, dt)[2])
         cfg = ModelConfig.from_path(f"roseinfer/models/configs/{shape}.json")
-        batch, ctx, bs = 64, 1024, 16
+        ctx, bs = 1024, 16
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         _, kc, vc, tables = _paged_cache(batch, ctx, bs, hk, d, dt, gen)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
@@ -147,7 +147,27 @@ def agreement() -> None:
             print(f"{arch}: " + ", ".join(row), flush=True)
 
 
+def silu_blocks() -> None:
+    """SiLU with the deferred norm: column tiles per program (each program reads its row of x once)."""
+    import roseinfer.kernels.activation as act
+
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    for shape in ("qwen2.5-0.5b", "llama-3.1-8b"):
+        cfg = ModelConfig.from_path(f"roseinfer/models/configs/{shape}.json")
+        for batch in (64, 256):
+            x = torch.randn(batch, cfg.hidden_size, device=dev, dtype=dt)
+            gu = torch.randn(batch, 2 * cfg.intermediate_size, device=dev, dtype=dt)
+            act._config = lambda n, r_cols: (1024, 4)
+            cells = [f"plain {_graph_median_ms(lambda: silu_and_mul(gu)) * 1e3:.2f}"]
+            for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
+                act._config = lambda n, r_cols, c=(block, warps): c
+                cells.append(
+                    f"{block}/{warps} {_graph_median_ms(lambda: silu_and_mul(gu, x, 1e-6)) * 1e3:.2f}"
+                )
+            print(f"SiLU {shape} b={batch} (us): " + ", ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
     for section in sys.argv[1:] or ["linears"]:
-        {"linears": linears, "kernels": kernels, "agreement": agreement}[section]()
+        {"linears": linears, "kernels": kernels, "agreement": agreement, "silu": silu_blocks}[section]()
     print(torch.cuda.get_device_name(), file=sys.stderr)

@@ -39,6 +39,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 
+    def deferred_norm_pays(self, batch: int, head_dim: int) -> bool:
+        """Whether a decode-only step of `batch` sequences should hand this backend a deferred norm (only
+        asked when `defers_norm`)."""
+        return self.defers_norm
+
     def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
         """Compile, before serving, kernel variants that steps would otherwise meet first mid-run; reads the
         cache, writes nothing to it. Nothing to do by default."""

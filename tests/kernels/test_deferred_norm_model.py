@@ -84,6 +84,31 @@ def test_decode_without_norm_launches_matches_hf(arch, tmp_path, triton_kernels_
     assert llm.engine.core.kv.num_free_blocks == llm.engine.core.kv.num_blocks
 
 
+def test_deferred_norm_only_where_the_backend_says_it_pays(tmp_path, triton_kernels_on_cpu, monkeypatch):
+    from roseinfer.attention.triton_backend import TritonAttentionBackend
+
+    backend = TritonAttentionBackend()
+    assert backend.deferred_norm_pays(128, 128) and backend.deferred_norm_pays(256, 64)
+    assert not backend.deferred_norm_pays(256, 128)
+    asked = []
+
+    def pays(self, batch, head_dim):
+        asked.append(batch)
+        return batch <= 2
+
+    monkeypatch.setattr(TritonAttentionBackend, "deferred_norm_pays", pays)
+    model = hf_model_with_spread_norms("llama", tmp_path)
+    prompts = random_prompts(model.config.vocab_size, seed=25, lengths=[4, 9, 12])
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (2, 4, 4)]
+    outs = _engine(tmp_path).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [
+        hf_greedy(model, p, n) for p, n in zip(prompts, (2, 4, 4))
+    ]
+    # Decode steps of 3, 2 and 2 rows: only the two-row steps skip the norms.
+    assert asked == [3, 2, 2]
+    assert triton_kernels_on_cpu["deferred_layers"] == 2 * model.config.num_hidden_layers
+
+
 def test_fold_norms_switched_off_and_qk_norm_models_unfolded(tmp_path, triton_kernels_on_cpu):
     hf_model_with_spread_norms("llama", tmp_path / "llama")
     llm = _engine(tmp_path / "llama", fold_norms=False)
