@@ -120,7 +120,8 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         """The layer on the residual stream, in place, with no norm launch (norm weights folded into the
         linears): qkv GEMM, attention (finishing q/k/v), o GEMM adding into the stream, gate_up GEMM, SiLU
-        (applying the second norm's 1 / rms), down GEMM adding into the stream. Six launches, not nine."""
+        (applying the second norm's 1 / rms), down GEMM adding into the stream: six launches (and any split-K
+        reduce cuBLAS adds), not nine."""
         attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx)
         residual.addmm_(attn, self.self_attn.o_proj.weight.t())
         gate_up = torch.mm(residual, self.mlp.gate_up_proj.weight.t())
