@@ -77,14 +77,14 @@ def kernels() -> None:
 
     dev, dt = torch.device("cuda"), torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(0)
-    import roseinfer.kernels.paged_decode_attention as pda
+    import roseinfer.kernels.paged_decode_split as launch
 
     variants = [("qwen2.5-0.5b", None, 4, 64), ("llama-3.1-8b", None, 4, 64)]
     variants += [("llama-3.1-8b", None, 4, 256), ("llama-3.1-8b", 128, 4, 256), ("llama-3.1-8b", 112, 4, 256)]
-    real_config = pda._decode_config
+    real_config = launch.decode_config
     for shape, maxnreg, warps, batch in variants:
-        pda._launch_options = lambda d, dt, norm, r=maxnreg: {"maxnreg": r} if norm and r else {}
-        pda._decode_config = lambda d, dt, w=warps: (*real_config(d, dt)[:1], w, real_config(d, dt)[2])
+        launch.launch_options = lambda d, dt, norm, r=maxnreg: {"maxnreg": r} if norm and r else {}
+        launch.decode_config = lambda d, dt, w=warps: (*real_config(d, dt)[:1], w, real_config(d, dt)[2])
         cfg = ModelConfig.from_path(f"roseinfer/models/configs/{shape}.json")
         ctx, bs = 1024, 16
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -13,6 +13,7 @@ import itertools
 import torch
 
 import roseinfer.kernels.paged_decode_attention as pda
+import roseinfer.kernels.paged_decode_split as launch
 from roseinfer.bench.kernels import _median_ms
 from roseinfer.kernels.decode_new_token import NewTokenKV
 from roseinfer.kernels.paged_decode_split import choose_num_splits
@@ -51,7 +52,7 @@ def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Genera
     out = torch.empty_like(q)
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
-    default_config = pda._decode_config
+    default_config = launch.decode_config
     now = default_config(d, torch.bfloat16)
 
     def run(splits: int) -> None:
@@ -70,14 +71,14 @@ def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Genera
 
     rows = []
     for config, splits in itertools.product(CONFIGS, SPLITS):
-        pda._decode_config = lambda *_, c=config: c
+        launch.decode_config = lambda *_, c=config: c
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
             print(f"{name} ctx {ctx} {config} splits {splits}: {type(exc).__name__}")
             continue
         finally:
-            pda._decode_config = default_config
+            launch.decode_config = default_config
         mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
         rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
         print(

@@ -40,8 +40,8 @@ class AttentionBackend(ABC):
         ...
 
     def deferred_norm_pays(self, batch: int, head_dim: int) -> bool:
-        """Whether a decode-only step of `batch` sequences should hand this backend a deferred norm (only
-        asked when `defers_norm`)."""
+        """Whether a decode-only step of `batch` sequences should hand this backend a deferred norm (never
+        unless it `defers_norm`)."""
         return self.defers_norm
 
     def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms_ref
+from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms, scale_by_inv_rms_ref
 
 
 @triton.jit
@@ -36,8 +36,8 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(r_ptr + row * stride_r, r_cols, eps, R_CHUNK)
-        gate = (gate.to(tl.float32) * inv_rms).to(gate.dtype)  # rounded as the linear's output would be
-        up = (up.to(tl.float32) * inv_rms).to(up.dtype)
+        gate = scale_by_inv_rms(gate, inv_rms, r_ptr, mask, HAS_BIAS=False)
+        up = scale_by_inv_rms(up, inv_rms, r_ptr, mask, HAS_BIAS=False)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded like torch's silu output
     tl.store(

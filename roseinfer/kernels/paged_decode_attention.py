@@ -22,17 +22,17 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels import paged_decode_split as launch
 from roseinfer.kernels._common import (
     LOG2E,
     check_paged_cache,
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
-    is_interpret,
 )
 from roseinfer.kernels.decode_new_token import NewTokenKV, check_new_kv
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
-from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms
+from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -122,7 +122,7 @@ def _decode_kernel(
     inv_rms = 1.0
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
-        q = _finish(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
+        q = scale_by_inv_rms(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
     if ROPE:
         # Neox rotation of whole rows: x * cos + partner * (-sin | +sin), where element d's partner is
         # d + D/2 in the first half and d - D/2 in the second (a second, permuted load of the same row).
@@ -134,7 +134,9 @@ def _decode_kernel(
         sin = tl.where(d < half, -sin, sin)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
         if DEFERRED_NORM:
-            q_partner = _finish(q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS)
+            q_partner = scale_by_inv_rms(
+                q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS
+            )
         q = _rotate(q, q_partner, cos[None, :], sin[None, :])
     q = q.to(DOT_DTYPE)
 
@@ -178,12 +180,14 @@ def _decode_kernel(
             k_tok = tl.load(kn + d, mask=d_mask, other=0.0)
             v_tok = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d, mask=d_mask, other=0.0)
             if DEFERRED_NORM:
-                k_tok = _finish(k_tok, inv_rms, bias_ptr + k_bias + d, d_mask, HAS_BIAS)
-                v_tok = _finish(v_tok, inv_rms, bias_ptr + v_bias + d, d_mask, HAS_BIAS)
+                k_tok = scale_by_inv_rms(k_tok, inv_rms, bias_ptr + k_bias + d, d_mask, HAS_BIAS)
+                v_tok = scale_by_inv_rms(v_tok, inv_rms, bias_ptr + v_bias + d, d_mask, HAS_BIAS)
             if ROPE:
                 k_partner = tl.load(kn + partner, mask=d_mask, other=0.0)
                 if DEFERRED_NORM:
-                    k_partner = _finish(k_partner, inv_rms, bias_ptr + k_bias + partner, d_mask, HAS_BIAS)
+                    k_partner = scale_by_inv_rms(
+                        k_partner, inv_rms, bias_ptr + k_bias + partner, d_mask, HAS_BIAS
+                    )
                 k_tok = _rotate(k_tok, k_partner, cos, sin)
             s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
             m_up = tl.maximum(m_i, s_tok)
@@ -257,40 +261,9 @@ def _decode_kernel(
 
 
 @triton.jit
-def _finish(raw, inv_rms, bias_ptrs, mask, HAS_BIAS: tl.constexpr):
-    """A projection of a row taken before its RMSNorm: times the row's 1 / rms, plus the bias, rounded."""
-    y = raw.to(tl.float32) * inv_rms
-    if HAS_BIAS:
-        y += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
-    return y.to(raw.dtype)
-
-
-@triton.jit
 def _rotate(x, partner, cos, signed_sin):
     """Neox rotation in float32, rounded back to the input dtype (as the rotary kernel rounds it)."""
     return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
-
-
-def _decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages)."""
-    if is_interpret():
-        return 32, 4, 1
-    if dtype == torch.float32 or head_dim_pad > 128:
-        return 32, 4, 2
-    # Swept on H100/H200 (bf16, block size 16, CUDA-graph timed): 16 KiB K and V tiles are best; D=128 at
-    # batch 64 x 4k reads K/V at ~97% of the device-to-device copy bandwidth.
-    if head_dim_pad <= 64:
-        return 128, 4, 3
-    return 64, 4, 3
-
-
-def _launch_options(head_dim_pad: int, dtype: torch.dtype, deferred_norm: bool) -> dict[str, int]:
-    """A register cap for the deferred-norm variant at head_dim 128 (half precision): uncapped it takes 164
-    registers, so 3 programs fit on an SM instead of 4, and llama-3.1-8b's 512 programs at batch 64 ran in
-    two waves: 102.6 us instead of 79.7. Capped at 128 (8 spills): 81.7 us (H200)."""
-    if deferred_norm and head_dim_pad == 128 and dtype != torch.float32 and not is_interpret():
-        return {"maxnreg": 128}
-    return {}
 
 
 def paged_decode_attention(
@@ -342,7 +315,7 @@ def paged_decode_attention(
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
     splits_pad = triton.next_power_of_2(num_splits)
-    block_n, num_warps, num_stages = _decode_config(d_pad, q.dtype)
+    block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype)
     split = num_splits > 1
     if split:
         part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -420,7 +393,7 @@ def paged_decode_attention(
         DOT_DTYPE=dot_dtype(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
-        **_launch_options(d_pad, q.dtype, norm is not None),
+        **launch.launch_options(d_pad, q.dtype, norm is not None),
     )
     return out
 

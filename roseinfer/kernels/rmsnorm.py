@@ -53,6 +53,16 @@ def row_inv_rms(row_ptr, n_cols, eps, CHUNK: tl.constexpr):
     return tl.rsqrt(tl.sum(sq, axis=0) / n_cols + eps)
 
 
+@triton.jit
+def scale_by_inv_rms(raw, inv_rms, bias_ptrs, mask, HAS_BIAS: tl.constexpr):
+    """Finishes a projection of a row taken before its RMSNorm: times the row's 1 / rms (plus the bias),
+    rounded to raw's dtype as the linear's output would be (`scale_by_inv_rms_ref` on the host)."""
+    y = raw.to(tl.float32) * inv_rms
+    if HAS_BIAS:
+        y += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
+    return y.to(raw.dtype)
+
+
 ROW_CHUNK_MAX = 4096
 
 

@@ -161,11 +161,8 @@ def paged_attention(
             rope = (positions, rotary.cos_sin)
         else:
             q, k = rotary(positions, q, k)
+    if norm is not None and rotary is not None and rope is None:
+        raise ValueError("a deferred norm must be applied before rotary: the backend must fuse both")
     caches = (ctx.kv_cache[:, layer_idx, 0], ctx.kv_cache[:, layer_idx, 1])
-    if norm is not None:
-        if rotary is not None and rope is None:
-            raise ValueError("a deferred norm must be applied before rotary: the backend must fuse both")
-        out = ctx.backend.forward(q, k, v, *caches, ctx.meta, scale, rope, norm=norm)
-    else:
-        out = ctx.backend.forward(q, k, v, *caches, ctx.meta, scale, rope)
+    out = ctx.backend.forward(q, k, v, *caches, ctx.meta, scale, rope, norm)
     return out.reshape(out.shape[0], -1)

@@ -192,7 +192,6 @@ class LlamaForCausalLM(nn.Module):
         deferred = (
             self.norms_folded
             and ctx.meta.is_decode_only
-            and ctx.backend.defers_norm
             and ctx.backend.deferred_norm_pays(input_ids.shape[0], self.cfg.head_dim)
             and fused_kernels_for(input_ids)
         )

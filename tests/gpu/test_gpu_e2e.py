@@ -101,6 +101,18 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
     assert on.engine.core.scheduler.num_preemptions > 0
 
 
+def fp32_triton_engine(directory: str, eager: bool, **kwargs) -> LLM:
+    return LLM(
+        directory,
+        device="cuda",
+        dtype="float32",
+        block_size=16,
+        attention_backend="triton",
+        enforce_eager=eager,
+        **kwargs,
+    )
+
+
 def test_batch_of_one_matches_hf_on_gpu(model_dir):
     """One prompt at a time, so every decode step is a batch of one: the fused GEMV path on llama-family
     models, eager and as a CUDA graph."""
@@ -108,16 +120,7 @@ def test_batch_of_one_matches_hf_on_gpu(model_dir):
     prompts = random_prompts(model.config.vocab_size, seed=31, lengths=[1, 17, 64])
     want = [hf_greedy(model, p, 12) for p in prompts]
     for eager in (True, False):
-        llm = LLM(
-            directory,
-            device="cuda",
-            dtype="float32",
-            block_size=16,
-            attention_backend="triton",
-            enforce_eager=eager,
-            num_kv_blocks=256,
-            max_num_seqs=4,
-        )
+        llm = fp32_triton_engine(directory, eager, num_kv_blocks=256, max_num_seqs=4)
         assert [token_ids(llm, [p])[0] for p in prompts] == want, f"eager={eager}"
         del llm
         free_gpu()
@@ -131,16 +134,7 @@ def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
     prompts = random_prompts(model.config.vocab_size, seed=41)
     want = [hf_greedy(model, p, 12) for p in prompts]
     for eager in (True, False):
-        llm = LLM(
-            str(tmp_path),
-            device="cuda",
-            dtype="float32",
-            block_size=16,
-            attention_backend="triton",
-            enforce_eager=eager,
-            num_kv_blocks=512,
-            max_num_seqs=16,
-        )
+        llm = fp32_triton_engine(str(tmp_path), eager, num_kv_blocks=512, max_num_seqs=16)
         assert llm.engine.core.runner.model.norms_folded
         assert token_ids(llm, prompts) == want, f"eager={eager}"
         del llm
