@@ -53,20 +53,27 @@ def _range(name: str) -> Iterator[None]:
             torch.cuda.nvtx.range_pop()
 
 
-def profiler_activities() -> list[torch.profiler.ProfilerActivity]:
-    """CPU, plus CUDA when a GPU is there."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
+def profiler_activities(gpu_only: bool = False) -> list[torch.profiler.ProfilerActivity]:
+    """CPU, plus CUDA when a GPU is there; only CUDA with `gpu_only` (and a GPU).
+
+    A GPU-only trace has no CPU ops or ranges, but the profiler then costs the host almost nothing, so a
+    run whose pace is set by the host (a small model) keeps its untraced pace.
+    """
+    cuda = torch.profiler.ProfilerActivity.CUDA
     if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return activities
+        return [cuda] if gpu_only else [torch.profiler.ProfilerActivity.CPU, cuda]
+    return [torch.profiler.ProfilerActivity.CPU]
 
 
 @contextlib.contextmanager
-def profile_to(path: str | os.PathLike[str] | None) -> Iterator[torch.profiler.profile | None]:
+def profile_to(
+    path: str | os.PathLike[str] | None, gpu_only: bool = False
+) -> Iterator[torch.profiler.profile | None]:
     """Profiles the block and writes a Chrome/Perfetto JSON trace to `path` when it exits normally.
 
     `path=None` does nothing (yields None), so callers can write `with profile_to(args.profile):`.
     A path ending in ".gz" is written gzipped. The parent directory is created; the path is printed.
+    `gpu_only` traces only GPU activity (see `profiler_activities`).
     """
     if path is None:
         yield None
@@ -76,7 +83,7 @@ def profile_to(path: str | os.PathLike[str] | None) -> Iterator[torch.profiler.p
     if parent:
         os.makedirs(parent, exist_ok=True)
     with torch.profiler.profile(
-        activities=profiler_activities(), record_shapes=False, with_stack=False
+        activities=profiler_activities(gpu_only), record_shapes=False, with_stack=False
     ) as prof:
         yield prof
     prof.export_chrome_trace(out)

@@ -331,6 +331,31 @@ def test_cuda_queries(cuda_trace: Path) -> None:
     ]
 
 
+def test_decode_busy_counts_steady_decode_once_across_streams(tmp_path: Path) -> None:
+    """The window opens at the first decode attention after the last prefill attention (a decode kernel
+    of an earlier mixed step does not open it) and closes at the last GPU activity; a kernel that
+    straddles the opening is clipped, and a copy on another stream that overlaps a kernel counts once."""
+    copy_stream = {"pid": 0, "tid": 9}
+    events = [
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 9, "args": {"name": "stream 9 "}},
+        _x(GPU, "kernel", "_decode_kernel", 5, 3),  # a mixed step's decode rows
+        _x(GPU, "kernel", "_prefill_kernel", 10, 20),
+        _x(GPU, "kernel", "gemm", 30, 82),  # ends at 112, inside the decode window
+        _x(GPU, "kernel", "_decode_kernel", 110, 10),  # the window opens at 110
+        _x(GPU, "kernel", "gemm", 125, 15),
+        _x(copy_stream, "gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 130, 20),
+        _x(GPU, "kernel", "_decode_kernel", 160, 10),
+        _x(GPU, "kernel", "gemm", 172, 8),  # the window closes at 180
+    ]
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps({"traceEvents": events[::-1]}))
+    [row] = _sql(path, example_sql("decode-busy"))
+    # busy: [110, 120] + [125, 150] + [160, 170] + [172, 180] = 53 us of a 70 us window
+    assert row["window_ms"] == pytest.approx(0.070) and row["busy_ms"] == pytest.approx(0.053)
+    assert row["idle_ms"] == pytest.approx(0.017) and row["busy_pct"] == pytest.approx(75.71)
+    assert row["kernels"] == 6
+
+
 def test_graph_launch_flows_to_every_kernel(tmp_path: Path) -> None:
     """A cudaGraphLaunch has one 's' and an 'f' per kernel; an 'f' without an 's' links nothing."""
     events = [

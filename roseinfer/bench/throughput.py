@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", default=None, metavar="PATH", help="torch profiler trace of the timed run(s)"
     )
+    parser.add_argument(
+        "--profile-gpu-only",
+        action="store_true",
+        help="trace GPU activity only (no CPU ops or ranges): the profiler then barely slows the host",
+    )
     add_engine_arguments(parser, prefix_caching_flag=True)
 
 
@@ -106,7 +111,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         max_num_seqs = max(max_num_seqs, 1 if mode == "naive" else config.scheduler.max_num_seqs)
         run_engine(engine, warmup, f"{mode} (warm-up)")
         trace = f"{args.profile.removesuffix('.json')}.{mode}.json" if args.profile else None
-        with profile_to(trace):
+        with profile_to(trace, gpu_only=args.profile_gpu_only):
             result = run_engine(engine, workload, mode)
         results.append(result)
         print(result.report(), flush=True)

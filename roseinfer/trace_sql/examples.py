@@ -43,6 +43,25 @@ FROM k LEFT JOIN thread_track tt ON tt.id = k.track_id
 GROUP BY k.track_id ORDER BY busy_ms DESC
 """,
     ),
+    "decode-busy": (
+        "GPU busy share of steady decode: from the first decode attention kernel after the last prefill "
+        "attention kernel to the end of the last GPU activity (overlaps across streams counted once)",
+        """
+WITH g AS (
+  SELECT ts, ts + dur AS te, name FROM slice WHERE category IN ('kernel', 'gpu_memcpy', 'gpu_memset')),
+w AS (
+  SELECT (SELECT MIN(ts) FROM g WHERE name GLOB '*_decode_kernel*'
+            AND ts >= COALESCE((SELECT MAX(te) FROM g WHERE name GLOB '*_prefill_kernel*'), 0)) AS t0,
+         (SELECT MAX(te) FROM g) AS t1),
+c AS (SELECT MAX(g.ts, w.t0) AS s, MIN(g.te, w.t1) AS e FROM g, w WHERE g.te > w.t0 AND g.ts < w.t1),
+o AS (SELECT s, e, MAX(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+      FROM c),
+u AS (SELECT SUM(MAX(0, e - MAX(s, COALESCE(reach, s)))) AS busy, COUNT(*) AS n FROM o)
+SELECT (w.t1 - w.t0) / 1e6 AS window_ms, u.busy / 1e6 AS busy_ms, (w.t1 - w.t0 - u.busy) / 1e6 AS idle_ms,
+       ROUND(100.0 * u.busy / (w.t1 - w.t0), 2) AS busy_pct, u.n AS kernels
+FROM w, u
+""",
+    ),
     "largest-gpu-gaps": (
         "the 20 largest gaps between consecutive GPU kernels, with the kernels around them",
         """
