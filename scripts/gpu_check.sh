@@ -60,10 +60,13 @@ for s in "${sections[@]}"; do
         run w1-qwen-$f "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --$f --json "$OUT/w1_qwen_$f.json"
       done ;;
     profile)
-      # GPU-only trace first: without CPU ops the profiler barely slows the host, so the decode steps keep
-      # their untraced pace and the busy share of steady decode (b=64) is the real one.
-      run profile-gpu-only "$REPORT|blocked" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1gpu.json --profile-gpu-only
+      # Any trace slows this host-paced run (CUPTI makes each graph launch dearer), so the busy share of
+      # steady decode (b=64) is read as the kernel time of a step in a GPU-only trace over the untraced
+      # run's median decode step (kernel durations do not depend on the host's pace).
+      run w1-untraced "$REPORT|blocked|Decode-only" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --json "$OUT/w1_untraced.json"
+      run profile-gpu-only "$REPORT|blocked|Decode-only" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1gpu.json --profile-gpu-only
       run trace-decode-busy '.' $RI trace-sql /tmp/w1gpu.continuous.json --example decode-busy
+      run steady-decode-busy '.' python3 scripts/steady_decode_busy.py /tmp/w1gpu.continuous.json "$OUT/w1_untraced.json"
       run trace-gpu-kernels '.' $RI trace-sql /tmp/w1gpu.continuous.json --example top-kernels
       $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times

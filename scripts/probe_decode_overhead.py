@@ -24,7 +24,7 @@ from roseinfer.kernels.paged_decode_split import choose_num_splits
 
 LAYERS, BATCH, HQ, HKV, D, BLOCK_SIZE, HIDDEN = 8, 64, 14, 2, 64, 16, 896
 CONTEXTS = (16, 576, 1024, 2048, 4096)
-CONFIGS = ((128, 4, 3), (64, 2, 2), (64, 4, 2))
+CONFIGS = ((128, 4, 3), (128, 4, 5), (64, 2, 5), (64, 4, 5))
 
 
 @triton.jit

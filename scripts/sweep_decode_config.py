@@ -8,6 +8,7 @@ L2 a one-layer benchmark would keep them in. `graph` marks the split count a dec
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import torch
@@ -22,7 +23,6 @@ LAYERS = 8
 BATCH = 64
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
 CONTEXTS = (576, 1024, 4096)
-CONFIGS = list(itertools.product((32, 64, 128), (2, 4), (1, 2, 3)))  # (BLOCK_N, num_warps, num_stages)
 SPLITS = (1, 2, 3, 4, 6, 8)
 
 
@@ -35,7 +35,9 @@ def graph_ms(fn) -> float:
     return _median_ms(graph.replay)
 
 
-def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator) -> list[tuple]:
+def sweep_case(
+    name: str, hq: int, hkv: int, d: int, ctx: int, configs: list[tuple[int, int, int]], gen: torch.Generator
+) -> list[tuple]:
     device, block_size = gen.device, 16
     per_seq = -(-ctx // block_size)
     kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
@@ -70,7 +72,7 @@ def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Genera
             )
 
     rows = []
-    for config, splits in itertools.product(CONFIGS, SPLITS):
+    for config, splits in itertools.product(configs, SPLITS):
         launch.decode_config = lambda *_, c=config: c
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
@@ -88,14 +90,27 @@ def sweep_case(name: str, hq: int, hkv: int, d: int, ctx: int, gen: torch.Genera
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help="comma-separated, of: " + ", ".join(SHAPES)
+    )
+    parser.add_argument("--block-n", default="32,64,128")
+    parser.add_argument("--warps", default="2,4")
+    # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
+    # buffer only from 5 stages on; 1-4 stages all keep one tile in flight.
+    parser.add_argument("--stages", default="1,2,3,5")
+    args = parser.parse_args()
+    ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
+    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages)
+    shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     rows = []
-    for (name, (hq, hkv, d)), ctx in itertools.product(SHAPES.items(), CONTEXTS):
-        rows += sweep_case(name, hq, hkv, d, ctx, gen)
+    for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), CONTEXTS):
+        rows += sweep_case(name, hq, hkv, d, ctx, configs, gen)
     print(
         "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
     )
-    for name, ctx in itertools.product(SHAPES, CONTEXTS):
+    for name, ctx in itertools.product(shapes, CONTEXTS):
         mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[4])
         for r in mine[:3] + [r for r in mine if r[6] == "graph current"]:
             print(f"  {name:13} ctx {ctx:5} cfg {r[2]} splits {r[3]}: {r[4]:7.2f} us {r[5]:6.0f} GB/s {r[6]}")

@@ -105,6 +105,11 @@ def test_bench_throughput_all_modes_with_hf_peer(workload, capsys, tmp_path):
         saved = report["peer"] if name == "hf" else report["results"][name]
         assert saved["completion_tokens"] == wl.num_output_tokens
         assert saved["total_time"] > 0
+        if name != "hf":  # outputs of several tokens: some steps decode only
+            assert saved["extra"]["num_decode_steps"] >= 1 and saved["extra"]["decode_step_median_s"] > 0
+            assert re.search(
+                rf"^Decode-only steps: {saved['extra']['num_decode_steps']}, median ", text, re.M
+            )
     for mode in ("naive", "static", "continuous"):
         assert f"Ratio roseinfer/HF (completion tok/s), {mode}:" in text
         assert report["ratio_to_hf"][mode] > 0

@@ -344,16 +344,18 @@ def test_decode_busy_counts_steady_decode_once_across_streams(tmp_path: Path) ->
         _x(GPU, "kernel", "_decode_kernel", 110, 10),  # the window opens at 110
         _x(GPU, "kernel", "gemm", 125, 15),
         _x(copy_stream, "gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 130, 20),
+        _x(GPU, "kernel", "_pick_kernel", 141, 2),
         _x(GPU, "kernel", "_decode_kernel", 160, 10),
-        _x(GPU, "kernel", "gemm", 172, 8),  # the window closes at 180
+        _x(GPU, "kernel", "gemm", 172, 6),
+        _x(GPU, "kernel", "_pick_kernel", 178, 2),  # the window closes at 180
     ]
     path = tmp_path / "decode.json"
     path.write_text(json.dumps({"traceEvents": events[::-1]}))
     [row] = _sql(path, example_sql("decode-busy"))
-    # busy: [110, 120] + [125, 150] + [160, 170] + [172, 180] = 53 us of a 70 us window
+    # busy: [110, 120] + [125, 150] + [160, 170] + [172, 180] = 53 us of a 70 us window, in two steps
     assert row["window_ms"] == pytest.approx(0.070) and row["busy_ms"] == pytest.approx(0.053)
     assert row["idle_ms"] == pytest.approx(0.017) and row["busy_pct"] == pytest.approx(75.71)
-    assert row["kernels"] == 6
+    assert row["kernels"] == 8 and row["steps"] == 2 and row["busy_us_per_step"] == pytest.approx(26.5)
 
 
 def test_graph_launch_flows_to_every_kernel(tmp_path: Path) -> None:

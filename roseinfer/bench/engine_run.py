@@ -4,6 +4,7 @@ options, the warm-up workload, the timed run."""
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Any
 
@@ -28,9 +29,13 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             engine.add_request(prompt, params)
         t_added = time.perf_counter()
         completion = 0
+        decode_calls: list[float] = []  # wall time of each step() call that scheduled a pure decode step
         while engine.has_unfinished_requests():
+            booked = core.stats.decode_time
             for out in engine.step(final_only=True):
                 completion += sum(len(c.token_ids) for c in out.outputs)
+            if core.stats.decode_time != booked:
+                decode_calls.append(core.stats.decode_time - booked)
         sync(device)
         total = time.perf_counter() - t0
     if completion != workload.num_output_tokens:
@@ -54,6 +59,8 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             "num_prompt_tokens_computed": stats.num_prompt_tokens_computed,
             "num_preemptions": core.scheduler.num_preemptions,
             "num_kv_blocks": core.num_blocks,
+            "num_decode_steps": len(decode_calls),
+            "decode_step_median_s": statistics.median(decode_calls) if decode_calls else None,
             "triton_compiles": dict(compiled),
         },
     )

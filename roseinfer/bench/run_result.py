@@ -46,6 +46,7 @@ class RunResult:
                 f"Throughput (total): {self.total_throughput:.2f} tokens/s",
             ]
             + self._wait_line()
+            + self._decode_step_line()
             + self._compile_line()
         )
 
@@ -59,6 +60,15 @@ class RunResult:
             return []
         share = 100 * wait / self.total_time if self.total_time else 0.0
         return [f"Host blocked on the device: {wait:.6f} seconds ({share:.0f}% of elapsed)"]
+
+    def _decode_step_line(self) -> list[str]:
+        """With async scheduling a step() call waits for the step before it, so in steady decode the median
+        call is the device's period per step (the first decode call also waits for the last prefill)."""
+        median = self.extra.get("decode_step_median_s")
+        if median is None:
+            return []
+        n = self.extra["num_decode_steps"]
+        return [f"Decode-only steps: {n}, median {median * 1e3:.3f} ms per step() call"]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

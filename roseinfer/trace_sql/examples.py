@@ -45,7 +45,8 @@ GROUP BY k.track_id ORDER BY busy_ms DESC
     ),
     "decode-busy": (
         "GPU busy share of steady decode: from the first decode attention kernel after the last prefill "
-        "attention kernel to the end of the last GPU activity (overlaps across streams counted once)",
+        "attention kernel to the end of the last GPU activity (overlaps across streams counted once); "
+        "steps are counted by the sampler's last launch (_pick_kernel), one per step",
         """
 WITH g AS (
   SELECT ts, ts + dur AS te, name FROM slice WHERE category IN ('kernel', 'gpu_memcpy', 'gpu_memset')),
@@ -56,10 +57,12 @@ w AS (
 c AS (SELECT MAX(g.ts, w.t0) AS s, MIN(g.te, w.t1) AS e FROM g, w WHERE g.te > w.t0 AND g.ts < w.t1),
 o AS (SELECT s, e, MAX(e) OVER (ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
       FROM c),
-u AS (SELECT SUM(MAX(0, e - MAX(s, COALESCE(reach, s)))) AS busy, COUNT(*) AS n FROM o)
+u AS (SELECT SUM(MAX(0, e - MAX(s, COALESCE(reach, s)))) AS busy, COUNT(*) AS n FROM o),
+p AS (SELECT COUNT(*) AS steps FROM g, w WHERE g.name GLOB '*_pick_kernel*' AND g.ts >= w.t0 AND g.te <= w.t1)
 SELECT (w.t1 - w.t0) / 1e6 AS window_ms, u.busy / 1e6 AS busy_ms, (w.t1 - w.t0 - u.busy) / 1e6 AS idle_ms,
-       ROUND(100.0 * u.busy / (w.t1 - w.t0), 2) AS busy_pct, u.n AS kernels
-FROM w, u
+       ROUND(100.0 * u.busy / (w.t1 - w.t0), 2) AS busy_pct, u.n AS kernels, p.steps,
+       ROUND(u.busy / 1e3 / NULLIF(p.steps, 0), 2) AS busy_us_per_step
+FROM w, u, p
 """,
     ),
     "largest-gpu-gaps": (
