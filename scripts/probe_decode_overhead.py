@@ -12,17 +12,19 @@ the split merge, the tail), its slope the marginal K/V bandwidth. Variants:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+from sweep_decode_config import BATCH, LAYERS, decode_case, graph_ms  # this folder is on sys.path
 
-import roseinfer.kernels.paged_decode_attention as pda
 import roseinfer.kernels.paged_decode_split as launch
-from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV
+from roseinfer.kernels.decode_new_token import DeferredNorm
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 
-LAYERS, BATCH, HQ, HKV, D, BLOCK_SIZE, HIDDEN = 8, 64, 14, 2, 64, 16, 896
+HQ, HKV, D, HIDDEN = 14, 2, 64, 896
 CONTEXTS = (16, 576, 1024, 2048, 4096)
 CONFIGS = ((128, 4, 3), (128, 4, 5), (64, 2, 5), (64, 4, 5))
 
@@ -35,42 +37,18 @@ def _empty_kernel(out_ptr):
 
 
 def graph_us(fn) -> float:
-    from roseinfer.bench.kernels import _median_ms
-
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _median_ms(graph.replay) * 1e3 / LAYERS
+    return graph_ms(fn) * 1e3 / LAYERS
 
 
 def case(ctx: int, gen: torch.Generator) -> dict[str, float]:
     device = gen.device
-    per_seq = -(-ctx // BLOCK_SIZE)
-    kv = torch.empty((BATCH * per_seq, LAYERS, 2, BLOCK_SIZE, HKV, D), dtype=torch.bfloat16, device=device)
-    kv.normal_(generator=gen)
-    tables = torch.randperm(BATCH * per_seq, generator=gen, device=device).view(BATCH, per_seq).int()
-    seq_lens = torch.full((BATCH,), ctx, dtype=torch.int32, device=device)
-    last = ctx - 1
-    slots = (tables[:, last // BLOCK_SIZE] * BLOCK_SIZE + last % BLOCK_SIZE).int()
-    positions = torch.full((BATCH,), last, dtype=torch.int32, device=device)
-    cos_sin = torch.rand((ctx, D), generator=gen, device=device)
-    q = torch.randn(BATCH, HQ, D, dtype=torch.bfloat16, device=device, generator=gen)
-    k_new = torch.randn(BATCH, HKV, D, dtype=torch.bfloat16, device=device, generator=gen)
+    inputs = decode_case(HQ, HKV, D, ctx, gen)
     x = torch.randn(BATCH, HIDDEN, dtype=torch.bfloat16, device=device, generator=gen)
     bias = torch.randn((HQ + 2 * HKV) * D, dtype=torch.bfloat16, device=device, generator=gen)
-    norm = DeferredNorm(x, 1e-6, bias)
-    engine_kv = NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin), norm)
-    out = torch.empty_like(q)
+    engine_kv = dataclasses.replace(inputs.new_kv, norm=DeferredNorm(x, 1e-6, bias))
     flags = torch.empty(BATCH * HKV * 64, dtype=torch.float32, device=device)
     graph_splits = choose_num_splits(BATCH, HKV, 32768, device)
-
-    def attend(splits: int, new_kv: NewTokenKV | None) -> None:
-        for layer in range(LAYERS):
-            pda.paged_decode_attention(
-                q, kv[:, layer, 0], kv[:, layer, 1], tables, seq_lens, D**-0.5, out, splits, new_kv
-            )
+    attend = inputs.attend
 
     def empty() -> None:
         for _ in range(LAYERS):

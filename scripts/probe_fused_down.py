@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.bench.kernels import _graph_median_ms
 from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
 
 LAYERS = 8
@@ -130,14 +131,7 @@ def silu_down(
 
 
 def graph_us(fn) -> float:
-    from roseinfer.bench.kernels import _median_ms
-
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return _median_ms(graph.replay) * 1e3 / LAYERS
+    return _graph_median_ms(fn) * 1e3 / LAYERS
 
 
 def probe(shape: str, batch: int, configs: list[tuple], gen: torch.Generator) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -35,9 +36,36 @@ def graph_ms(fn) -> float:
     return _median_ms(graph.replay)
 
 
-def sweep_case(
-    name: str, hq: int, hkv: int, d: int, ctx: int, configs: list[tuple[int, int, int]], gen: torch.Generator
-) -> list[tuple]:
+@dataclass
+class DecodeCase:
+    """A batch of BATCH sequences of `ctx` tokens in LAYERS layers of one block-major cache (shuffled
+    blocks, block size 16), with the step's new token (slots, rotary) as the decode graphs pass it."""
+
+    kv: torch.Tensor  # [blocks, LAYERS, 2, 16, Hkv, D]
+    tables: torch.Tensor
+    seq_lens: torch.Tensor
+    q: torch.Tensor
+    new_kv: NewTokenKV
+    out: torch.Tensor
+
+    def attend(self, splits: int, new_kv: NewTokenKV | None) -> None:
+        """Every layer's decode attention, as one step of a model runs it."""
+        d = self.q.shape[-1]
+        for layer in range(LAYERS):
+            pda.paged_decode_attention(
+                self.q,
+                self.kv[:, layer, 0],
+                self.kv[:, layer, 1],
+                self.tables,
+                self.seq_lens,
+                d**-0.5,
+                out=self.out,
+                num_splits=splits,
+                new_kv=new_kv,
+            )
+
+
+def decode_case(hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator) -> DecodeCase:
     device, block_size = gen.device, 16
     per_seq = -(-ctx // block_size)
     kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
@@ -51,25 +79,21 @@ def sweep_case(
     q = torch.randn(BATCH, hq, d, dtype=torch.bfloat16, device=device, generator=gen)
     k_new = torch.randn(BATCH, hkv, d, dtype=torch.bfloat16, device=device, generator=gen)
     new_kv = NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin))
-    out = torch.empty_like(q)
+    return DecodeCase(kv, tables, seq_lens, q, new_kv, torch.empty_like(q))
+
+
+def sweep_case(
+    name: str, hq: int, hkv: int, d: int, ctx: int, configs: list[tuple[int, int, int]], gen: torch.Generator
+) -> list[tuple]:
+    case = decode_case(hq, hkv, d, ctx, gen)
+    device = gen.device
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
     default_config = launch.decode_config
     now = default_config(d, torch.bfloat16)
 
     def run(splits: int) -> None:
-        for layer in range(LAYERS):
-            pda.paged_decode_attention(
-                q,
-                kv[:, layer, 0],
-                kv[:, layer, 1],
-                tables,
-                seq_lens,
-                d**-0.5,
-                out=out,
-                num_splits=splits,
-                new_kv=new_kv,
-            )
+        case.attend(splits, case.new_kv)
 
     rows = []
     for config, splits in itertools.product(configs, SPLITS):
