@@ -48,10 +48,10 @@ class DecodeCase:
     new_kv: NewTokenKV
     out: torch.Tensor
 
-    def attend(self, splits: int, new_kv: NewTokenKV | None) -> None:
-        """Every layer's decode attention, as one step of a model runs it."""
+    def attend(self, splits: int, new_kv: NewTokenKV | None, layers: int = LAYERS) -> None:
+        """The first `layers` layers' decode attention (all of them: as one step of a model runs it)."""
         d = self.q.shape[-1]
-        for layer in range(LAYERS):
+        for layer in range(layers):
             pda.paged_decode_attention(
                 self.q,
                 self.kv[:, layer, 0],
@@ -83,21 +83,30 @@ def decode_case(hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator) -> De
 
 
 def sweep_case(
-    name: str, hq: int, hkv: int, d: int, ctx: int, configs: list[tuple[int, int, int]], gen: torch.Generator
+    name: str,
+    hq: int,
+    hkv: int,
+    d: int,
+    ctx: int,
+    configs: list[tuple[int, ...]],
+    splits_list: list[int],
+    gen: torch.Generator,
 ) -> list[tuple]:
     case = decode_case(hq, hkv, d, ctx, gen)
     device = gen.device
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
     default_config = launch.decode_config
-    now = default_config(d, torch.bfloat16)
+    now = (*default_config(d, torch.bfloat16), launch.KV_PIPE, int(launch.ONE_ROUND_MERGE))
 
     def run(splits: int) -> None:
         case.attend(splits, case.new_kv)
 
     rows = []
-    for config, splits in itertools.product(configs, SPLITS):
-        launch.decode_config = lambda *_, c=config: c
+    for config, splits in itertools.product(configs, splits_list):
+        launch.decode_config = lambda *_, c=config[:3]: c
+        default_variant = launch.KV_PIPE, launch.ONE_ROUND_MERGE
+        launch.KV_PIPE, launch.ONE_ROUND_MERGE = config[3], bool(config[4])
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
@@ -105,6 +114,7 @@ def sweep_case(
             continue
         finally:
             launch.decode_config = default_config
+            launch.KV_PIPE, launch.ONE_ROUND_MERGE = default_variant
         mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
         rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
         print(
@@ -118,23 +128,31 @@ def main() -> None:
     parser.add_argument(
         "--shapes", default=",".join(SHAPES), help="comma-separated, of: " + ", ".join(SHAPES)
     )
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    parser.add_argument("--splits", default=",".join(map(str, SPLITS)))
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
     # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
     # buffer only from 5 stages on; 1-4 stages all keep one tile in flight.
     parser.add_argument("--stages", default="1,2,3,5")
+    parser.add_argument("--kv-pipe", default=str(launch.KV_PIPE), help="see paged_decode_split.KV_PIPE")
+    parser.add_argument("--one-round-merge", default=str(int(launch.ONE_ROUND_MERGE)), help="0,1")
     args = parser.parse_args()
-    ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
-    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages)
+    lists = (args.block_n, args.warps, args.stages, args.kv_pipe, args.one_round_merge)
+    ints = [[int(v) for v in a.split(",")] for a in lists]
+    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages, kv_pipe, one_round_merge)
     shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+    contexts = [int(c) for c in args.contexts.split(",")]
+    splits_list = [int(c) for c in args.splits.split(",")]
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     rows = []
-    for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), CONTEXTS):
-        rows += sweep_case(name, hq, hkv, d, ctx, configs, gen)
+    for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
+        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen)
     print(
-        "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
+        "\nfastest per shape and context (BLOCK_N, warps, stages, kv_pipe, one-round merge), and the current config"
+        " at the graph split:"
     )
-    for name, ctx in itertools.product(shapes, CONTEXTS):
+    for name, ctx in itertools.product(shapes, contexts):
         mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[4])
         for r in mine[:3] + [r for r in mine if r[6] == "graph current"]:
             print(f"  {name:13} ctx {ctx:5} cfg {r[2]} splits {r[3]}: {r[4]:7.2f} us {r[5]:6.0f} GB/s {r[6]}")
