@@ -97,7 +97,7 @@ def sweep_case(
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
     default_config = launch.decode_config
-    now = (*default_config(d, torch.bfloat16), launch.KV_PIPE, int(launch.ONE_ROUND_MERGE))
+    now = (*default_config(d, torch.bfloat16), int(launch.FIRST_TILE_EARLY))
 
     def run(splits: int) -> None:
         case.attend(splits, case.new_kv)
@@ -105,8 +105,8 @@ def sweep_case(
     rows = []
     for config, splits in itertools.product(configs, splits_list):
         launch.decode_config = lambda *_, c=config[:3]: c
-        default_variant = launch.KV_PIPE, launch.ONE_ROUND_MERGE
-        launch.KV_PIPE, launch.ONE_ROUND_MERGE = config[3], bool(config[4])
+        default_variant = launch.FIRST_TILE_EARLY
+        launch.FIRST_TILE_EARLY = bool(config[3])
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
@@ -114,7 +114,7 @@ def sweep_case(
             continue
         finally:
             launch.decode_config = default_config
-            launch.KV_PIPE, launch.ONE_ROUND_MERGE = default_variant
+            launch.FIRST_TILE_EARLY = default_variant
         mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
         rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
         print(
@@ -135,12 +135,11 @@ def main() -> None:
     # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
     # buffer only from 5 stages on; 1-4 stages all keep one tile in flight.
     parser.add_argument("--stages", default="1,2,3,5")
-    parser.add_argument("--kv-pipe", default=str(launch.KV_PIPE), help="see paged_decode_split.KV_PIPE")
-    parser.add_argument("--one-round-merge", default=str(int(launch.ONE_ROUND_MERGE)), help="0,1")
+    parser.add_argument("--first-tile-early", default=str(int(launch.FIRST_TILE_EARLY)), help="0,1")
     args = parser.parse_args()
-    lists = (args.block_n, args.warps, args.stages, args.kv_pipe, args.one_round_merge)
+    lists = (args.block_n, args.warps, args.stages, args.first_tile_early)
     ints = [[int(v) for v in a.split(",")] for a in lists]
-    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages, kv_pipe, one_round_merge)
+    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages, first_tile_early)
     shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
     contexts = [int(c) for c in args.contexts.split(",")]
     splits_list = [int(c) for c in args.splits.split(",")]
@@ -149,7 +148,7 @@ def main() -> None:
     for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
         rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen)
     print(
-        "\nfastest per shape and context (BLOCK_N, warps, stages, kv_pipe, one-round merge), and the current config"
+        "\nfastest per shape and context (BLOCK_N, warps, stages, first tile early), and the current config"
         " at the graph split:"
     )
     for name, ctx in itertools.product(shapes, contexts):

@@ -92,8 +92,7 @@ def _decode_kernel(
     SPLITS_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    KV_PIPE: tl.constexpr,
-    ONE_ROUND_MERGE: tl.constexpr,
+    FIRST_TILE_EARLY: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -108,6 +107,7 @@ def _decode_kernel(
     # With APPEND the last key (index seq_len - 1) is the step's own token: it comes from k_new/v_new, not
     # from the cache, and the program whose share holds that index writes it into the cache.
     cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
+    strides_kv = (stride_kb, stride_ks, stride_vb, stride_vs)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
@@ -115,29 +115,15 @@ def _decode_kernel(
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
-
     bt_row = block_tables_ptr + b64 * stride_btb
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
-    if KV_PIPE == 2:
-        # The first K/V tile's loads go out before q is finished, so their latency hides q's; in the loop,
-        # tile i + 1's K/V and tile i + 2's block numbers are in flight while tile i is computed.
-        k_nxt, v_nxt = _kv_tile(
-            k_base,
-            v_base,
-            _tile_blocks(bt_row, start, cached_end, BLOCK_SIZE, BLOCK_N),
-            start,
-            cached_end,
-            d,
-            d_mask,
-            stride_kb,
-            stride_ks,
-            stride_vb,
-            stride_vs,
-            BLOCK_SIZE,
-            BLOCK_N,
+    if FIRST_TILE_EARLY:
+        # The first K/V tile's loads go out before q is finished (the pipeliner would issue them after
+        # everything above the loop), so their chain of dependent loads overlaps q's.
+        k0, v0 = _kv_tile(
+            bt_row, k_base, v_base, start, cached_end, d, d_mask, strides_kv, BLOCK_SIZE, BLOCK_N
         )
-        blk_nxt = _tile_blocks(bt_row, start + BLOCK_N, cached_end, BLOCK_SIZE, BLOCK_N)
 
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
@@ -170,62 +156,18 @@ def _decode_kernel(
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
 
-    for n0 in range(start, cached_end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < cached_end
-        if KV_PIPE == 2:
-            k = k_nxt
-            v = v_nxt
-            k_nxt, v_nxt = _kv_tile(
-                k_base,
-                v_base,
-                blk_nxt,
-                n0 + BLOCK_N,
-                cached_end,
-                d,
-                d_mask,
-                stride_kb,
-                stride_ks,
-                stride_vb,
-                stride_vs,
-                BLOCK_SIZE,
-                BLOCK_N,
+    first = start
+    if FIRST_TILE_EARLY:
+        if start < cached_end:  # an empty split's masked tile would make the running max -inf - -inf
+            m_i, l_i, acc = _attend_tile(
+                q, k0, v0, start, cached_end, m_i, l_i, acc, qk_scale, BLOCK_N, PRECISION, DOT_DTYPE
             )
-            blk_nxt = _tile_blocks(bt_row, n0 + 2 * BLOCK_N, cached_end, BLOCK_SIZE, BLOCK_N)
-        elif KV_PIPE == 1:
-            k, v = _kv_tile(
-                k_base,
-                v_base,
-                _tile_blocks(bt_row, n0, cached_end, BLOCK_SIZE, BLOCK_N),
-                n0,
-                cached_end,
-                d,
-                d_mask,
-                stride_kb,
-                stride_ks,
-                stride_vb,
-                stride_vs,
-                BLOCK_SIZE,
-                BLOCK_N,
-            )
-        else:
-            blk = _tile_blocks(bt_row, n0, cached_end, BLOCK_SIZE, BLOCK_N)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k_rows = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks
-            k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if KV_PIPE == 0:
-            v_rows = blk * stride_vb + (n % BLOCK_SIZE) * stride_vs
-            v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
+        first = start + BLOCK_N
+    for n0 in range(first, cached_end, BLOCK_N):
+        k, v = _kv_tile(bt_row, k_base, v_base, n0, cached_end, d, d_mask, strides_kv, BLOCK_SIZE, BLOCK_N)
+        m_i, l_i, acc = _attend_tile(
+            q, k, v, n0, cached_end, m_i, l_i, acc, qk_scale, BLOCK_N, PRECISION, DOT_DTYPE
         )
-        m_i = m_new
 
     if APPEND:
         own = seq_len - 1
@@ -285,83 +227,83 @@ def _decode_kernel(
             idx = rows[:, None] + sp[None, :]
             m_all = tl.load(part_m_ptr + idx, mask=ms_mask, other=float("-inf"), cache_modifier=".cg")
             l_all = tl.load(part_l_ptr + idx, mask=ms_mask, other=0.0, cache_modifier=".cg")
-            if ONE_ROUND_MERGE:
-                # All splits in one chunk: the accumulators' loads go out with m's and l's.
-                acc_all = tl.load(
-                    part_acc_ptr + idx[:, :, None] * HEAD_DIM + d[None, None, :],
-                    mask=ms_mask[:, :, None] & d_mask[None, None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
             m_max = tl.max(m_all, axis=1)
             m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
             w_all = tl.exp2(m_all - m_max[:, None])
             total = tl.sum(w_all * l_all, axis=1)
-            if ONE_ROUND_MERGE:
-                merged = tl.sum(w_all[:, :, None] * acc_all, axis=1)
-            else:
-                merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-                c = tl.arange(0, SPLITS_CHUNK)
-                for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
-                    c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
-                    m_c = tl.load(
-                        part_m_ptr + rows[:, None] + c0 + c[None, :],
-                        mask=c_mask,
-                        other=float("-inf"),
-                        cache_modifier=".cg",
-                    )
-                    w_c = tl.exp2(m_c - m_max[:, None])
-                    acc_c = tl.load(
-                        part_acc_ptr
-                        + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM
-                        + d[None, None, :],
-                        mask=c_mask[:, :, None] & d_mask[None, None, :],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                    merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
+            merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
+            c = tl.arange(0, SPLITS_CHUNK)
+            for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
+                c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
+                m_c = tl.load(
+                    part_m_ptr + rows[:, None] + c0 + c[None, :],
+                    mask=c_mask,
+                    other=float("-inf"),
+                    cache_modifier=".cg",
+                )
+                w_c = tl.exp2(m_c - m_max[:, None])
+                acc_c = tl.load(
+                    part_acc_ptr
+                    + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM
+                    + d[None, None, :],
+                    mask=c_mask[:, :, None] & d_mask[None, None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
             out = merged / tl.where(total > 0.0, total, 1.0)[:, None]
             tl.store(o_rows, out.to(out_dtype), mask=q_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 @triton.jit
-def _tile_blocks(bt_row, n0, end, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The cache block of each key of the tile at n0 (one number when the tile lies inside one block: both
-    are powers of two and tiles are BLOCK_N-aligned); keys at or past `end` are masked (block 0)."""
-    if BLOCK_SIZE >= BLOCK_N:
-        return tl.load(bt_row + n0 // BLOCK_SIZE, mask=n0 < end, other=0).to(tl.int64)
+def _kv_tile(
+    bt_row, k_base, v_base, n0, end, d, d_mask, strides_kv, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """K and V [BLOCK_N, D_PAD] of the keys n0 .. n0 + BLOCK_N (zeros from `end` on) through the block table.
+    `strides_kv` = (K's block and slot strides, V's)."""
+    stride_kb, stride_ks, stride_vb, stride_vs = strides_kv
     n = n0 + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row + n // BLOCK_SIZE, mask=n < end, other=0).to(tl.int64)
+    n_mask = n < end
+    if BLOCK_SIZE >= BLOCK_N:
+        # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
+        blk = tl.load(bt_row + n0 // BLOCK_SIZE, mask=n0 < end, other=0).to(tl.int64)
+    else:
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    slot = n % BLOCK_SIZE
+    k = tl.load(k_base + (blk * stride_kb + slot * stride_ks)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_base + (blk * stride_vb + slot * stride_vs)[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    return k, v
 
 
 @triton.jit
-def _kv_tile(
-    k_base,
-    v_base,
-    blocks,
+def _attend_tile(
+    q,
+    k,
+    v,
     n0,
     end,
-    d,
-    d_mask,
-    stride_kb,
-    stride_ks,
-    stride_vb,
-    stride_vs,
-    BLOCK_SIZE: tl.constexpr,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
     BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
-    """K and V [BLOCK_N, D_PAD] of the tile at n0 (zeros past `end`), both loads issued together."""
-    n = n0 + tl.arange(0, BLOCK_N)
-    off = n % BLOCK_SIZE
-    kv_mask = (n < end)[:, None] & d_mask[None, :]
-    k = tl.load(
-        k_base + (blocks * stride_kb + off * stride_ks)[:, None] + d[None, :], mask=kv_mask, other=0.0
+    """One online-softmax step over a K/V tile: the updated (running max, running sum, accumulator)."""
+    n_mask = (n0 + tl.arange(0, BLOCK_N)) < end
+    s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+    s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(
+        p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
     )
-    v = tl.load(
-        v_base + (blocks * stride_vb + off * stride_vs)[:, None] + d[None, :], mask=kv_mask, other=0.0
-    )
-    return k, v
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -420,7 +362,6 @@ def paged_decode_attention(
     num_splits = max(1, int(num_splits))
     splits_pad = triton.next_power_of_2(num_splits)
     block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype)
-    splits_chunk = min(splits_pad, max(1, 4096 // (group_pad * d_pad)))
     split = num_splits > 1
     if split:
         part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
@@ -493,11 +434,10 @@ def paged_decode_attention(
         X_CHUNK=row_chunk(hidden),
         SPLIT=split,
         SPLITS_PAD=splits_pad,
-        SPLITS_CHUNK=splits_chunk,
+        SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
-        KV_PIPE=launch.KV_PIPE,
-        ONE_ROUND_MERGE=launch.ONE_ROUND_MERGE and splits_chunk >= splits_pad,
+        FIRST_TILE_EARLY=launch.FIRST_TILE_EARLY,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),
