@@ -88,7 +88,7 @@ def sweep_case(
     hkv: int,
     d: int,
     ctx: int,
-    configs: list[tuple[int, ...]],
+    configs: list[tuple[int, int, int]],
     splits_list: list[int],
     gen: torch.Generator,
 ) -> list[tuple]:
@@ -97,16 +97,14 @@ def sweep_case(
     kv_bytes = 2 * BATCH * ctx * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
     default_config = launch.decode_config
-    now = (*default_config(d, torch.bfloat16), int(launch.FIRST_TILE_EARLY))
+    now = default_config(d, torch.bfloat16)
 
     def run(splits: int) -> None:
         case.attend(splits, case.new_kv)
 
     rows = []
     for config, splits in itertools.product(configs, splits_list):
-        launch.decode_config = lambda *_, c=config[:3]: c
-        default_variant = launch.FIRST_TILE_EARLY
-        launch.FIRST_TILE_EARLY = bool(config[3])
+        launch.decode_config = lambda *_, c=config: c
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
@@ -114,7 +112,6 @@ def sweep_case(
             continue
         finally:
             launch.decode_config = default_config
-            launch.FIRST_TILE_EARLY = default_variant
         mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
         rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
         print(
@@ -133,13 +130,11 @@ def main() -> None:
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
     # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
-    # buffer only from 5 stages on; 1-4 stages all keep one tile in flight.
+    # buffer only from 5 stages on; 1-4 stages all keep one tile in flight, and 6 or 8 add no third.
     parser.add_argument("--stages", default="1,2,3,5")
-    parser.add_argument("--first-tile-early", default=str(int(launch.FIRST_TILE_EARLY)), help="0,1")
     args = parser.parse_args()
-    lists = (args.block_n, args.warps, args.stages, args.first_tile_early)
-    ints = [[int(v) for v in a.split(",")] for a in lists]
-    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages, first_tile_early)
+    ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
+    configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages)
     shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
     contexts = [int(c) for c in args.contexts.split(",")]
     splits_list = [int(c) for c in args.splits.split(",")]
@@ -148,8 +143,7 @@ def main() -> None:
     for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
         rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen)
     print(
-        "\nfastest per shape and context (BLOCK_N, warps, stages, first tile early), and the current config"
-        " at the graph split:"
+        "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
     )
     for name, ctx in itertools.product(shapes, contexts):
         mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[4])

@@ -92,7 +92,6 @@ def _decode_kernel(
     SPLITS_CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    FIRST_TILE_EARLY: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -107,7 +106,6 @@ def _decode_kernel(
     # With APPEND the last key (index seq_len - 1) is the step's own token: it comes from k_new/v_new, not
     # from the cache, and the program whose share holds that index writes it into the cache.
     cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
-    strides_kv = (stride_kb, stride_ks, stride_vb, stride_vs)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
@@ -115,16 +113,6 @@ def _decode_kernel(
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
-    bt_row = block_tables_ptr + b64 * stride_btb
-    k_base = k_cache_ptr + kvh * stride_kh
-    v_base = v_cache_ptr + kvh * stride_vh
-    if FIRST_TILE_EARLY:
-        # The first K/V tile's loads go out before q is finished (the pipeliner would issue them after
-        # everything above the loop), so their chain of dependent loads overlaps q's.
-        k0, v0 = _kv_tile(
-            bt_row, k_base, v_base, start, cached_end, d, d_mask, strides_kv, BLOCK_SIZE, BLOCK_N
-        )
-
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
     q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
     # Offsets of q's, the kv head's k's and v's bias in the fused qkv bias (used with DEFERRED_NORM).
@@ -156,18 +144,34 @@ def _decode_kernel(
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
 
-    first = start
-    if FIRST_TILE_EARLY:
-        if start < cached_end:  # an empty split's masked tile would make the running max -inf - -inf
-            m_i, l_i, acc = _attend_tile(
-                q, k0, v0, start, cached_end, m_i, l_i, acc, qk_scale, BLOCK_N, PRECISION, DOT_DTYPE
-            )
-        first = start + BLOCK_N
-    for n0 in range(first, cached_end, BLOCK_N):
-        k, v = _kv_tile(bt_row, k_base, v_base, n0, cached_end, d, d_mask, strides_kv, BLOCK_SIZE, BLOCK_N)
-        m_i, l_i, acc = _attend_tile(
-            q, k, v, n0, cached_end, m_i, l_i, acc, qk_scale, BLOCK_N, PRECISION, DOT_DTYPE
+    bt_row = block_tables_ptr + b64 * stride_btb
+    k_base = k_cache_ptr + kvh * stride_kh
+    v_base = v_cache_ptr + kvh * stride_vh
+    for n0 in range(start, cached_end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < cached_end
+        if BLOCK_SIZE >= BLOCK_N:
+            # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
+            blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)
+            k_rows = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks
+            v_rows = blk * stride_vb + (n % BLOCK_SIZE) * stride_vs
+        else:
+            blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
+            v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
         )
+        m_i = m_new
 
     if APPEND:
         own = seq_len - 1
@@ -254,56 +258,6 @@ def _decode_kernel(
             out = merged / tl.where(total > 0.0, total, 1.0)[:, None]
             tl.store(o_rows, out.to(out_dtype), mask=q_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
-
-
-@triton.jit
-def _kv_tile(
-    bt_row, k_base, v_base, n0, end, d, d_mask, strides_kv, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """K and V [BLOCK_N, D_PAD] of the keys n0 .. n0 + BLOCK_N (zeros from `end` on) through the block table.
-    `strides_kv` = (K's block and slot strides, V's)."""
-    stride_kb, stride_ks, stride_vb, stride_vs = strides_kv
-    n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = n < end
-    if BLOCK_SIZE >= BLOCK_N:
-        # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
-        blk = tl.load(bt_row + n0 // BLOCK_SIZE, mask=n0 < end, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    slot = n % BLOCK_SIZE
-    k = tl.load(k_base + (blk * stride_kb + slot * stride_ks)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + (blk * stride_vb + slot * stride_vs)[:, None] + d[None, :], mask=kv_mask, other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend_tile(
-    q,
-    k,
-    v,
-    n0,
-    end,
-    m_i,
-    l_i,
-    acc,
-    qk_scale,
-    BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """One online-softmax step over a K/V tile: the updated (running max, running sum, accumulator)."""
-    n_mask = (n0 + tl.arange(0, BLOCK_N)) < end
-    s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
-    s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(
-        p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
-    )
-    return m_new, l_i, acc
 
 
 @triton.jit
@@ -437,7 +391,6 @@ def paged_decode_attention(
         SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
-        FIRST_TILE_EARLY=launch.FIRST_TILE_EARLY,
         num_warps=num_warps,
         num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),

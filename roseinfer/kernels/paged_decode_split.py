@@ -15,8 +15,6 @@ MAX_SPLITS = 32
 # Aim for this many programs per SM: decode is bound by memory, and several resident programs per SM keep
 # enough loads in flight (on H100, 3 keeps batch 64 x 8 kv heads at one split, its fastest).
 PROGRAMS_PER_SM = 3
-# Experiment switch (scripts/sweep_decode_config.py --first-tile-early 0,1).
-FIRST_TILE_EARLY = True
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
