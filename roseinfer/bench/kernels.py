@@ -3,8 +3,12 @@
 Decode: batch 64 at 4k context, bf16, block size 16, for a Qwen2.5-0.5B-like (14 q / 2 kv heads, D=64) and
 a Llama-3.1-8B-like (32 q / 8 kv heads, D=128) layer. The figure of merit is the K/V read bandwidth
 (bytes of K and V read / time) against the device-to-device copy bandwidth measured in the same run
-(bytes read + written / time). Decode is timed as CUDA-graph replays (`ms`, how the engine runs it);
-`ms_eager` is the plain Python call, launch overhead included.
+(bytes read + written / time). `ms` is per launch in a CUDA graph of DECODE_LAYERS layers (distinct caches,
+so K/V come from HBM) replayed back to back: how a decode step's graph runs attention, layer after layer.
+`ms_1layer_flushed` is a one-launch graph under triton's do_bench, which zeroes 256 MB before every replay
+and times each one alone: the L2's dirty lines and the graph launch add ~8 us (the figure this benchmark
+printed before the eighth session; `scripts/probe_graph_timing.py` takes the gap apart). `ms_eager` is the
+plain Python call, launch overhead included.
 
 Prefill: 4 sequences x 2k tokens, 32 q / 8 kv heads, D=128, bf16, causal, against torch SDPA restricted to
 its flash backend on the same (contiguous) inputs.
@@ -21,6 +25,7 @@ DECODE_MODELS = (
     ("qwen2.5-0.5b", 14, 2, 64),
     ("llama-3.1-8b", 32, 8, 128),
 )
+DECODE_LAYERS = 4
 
 
 def _median_ms(fn: Any) -> float:
@@ -43,6 +48,28 @@ def _graph_median_ms(fn: Any) -> float:
     return _median_ms(graph.replay)
 
 
+def _graph_back_to_back_ms(fn: Any, launches: int, replays: int = 20, rounds: int = 5) -> float:
+    """Median time per launch of `fn` (which makes `launches` kernel launches) captured in a CUDA graph and
+    replayed `replays` times back to back: no cache flush, no event between replays."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / (replays * launches))
+    return sorted(times)[rounds // 2]
+
+
 def _copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> tuple[float, float]:
     """(GB/s counting bytes read + written, ms) of one large device-to-device copy."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -59,12 +86,14 @@ def _paged_cache(
     head_dim: int,
     dtype: torch.dtype,
     gen: torch.Generator,
+    layers: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A one-layer block-major cache holding `batch` sequences of `ctx` tokens in shuffled blocks."""
+    """A block-major cache [blocks, layers, 2, block_size, Hkv, D] holding `batch` sequences of `ctx` tokens
+    in shuffled blocks; returns it, layer 0's K and V, and the block tables."""
     device = gen.device
     blocks_per_seq = math.ceil(ctx / block_size)
     num_blocks = batch * blocks_per_seq
-    kv = torch.empty((num_blocks, 1, 2, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+    kv = torch.empty((num_blocks, layers, 2, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
     kv.normal_(generator=gen)
     perm = torch.randperm(num_blocks, generator=gen, device=device)
     block_tables = perm.view(batch, blocks_per_seq).to(torch.int32)
@@ -79,8 +108,8 @@ def _bench_decode(
 
     batch, ctx, block_size, dtype = 64, 4096, 16, torch.bfloat16
     device = gen.device
-    _, k_cache, v_cache, block_tables = _paged_cache(
-        batch, ctx, block_size, num_kv_heads, head_dim, dtype, gen
+    kv, _, _, block_tables = _paged_cache(
+        batch, ctx, block_size, num_kv_heads, head_dim, dtype, gen, layers=DECODE_LAYERS
     )
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
     q = torch.empty((batch, num_heads, head_dim), dtype=dtype, device=device).normal_(generator=gen)
@@ -88,11 +117,17 @@ def _bench_decode(
     splits = choose_num_splits(batch, num_kv_heads, ctx, device)
     scale = head_dim**-0.5
 
-    def step() -> None:
+    def layer(i: int) -> None:
+        k_cache, v_cache = kv[:, i, 0], kv[:, i, 1]
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=splits)
 
-    ms = _graph_median_ms(step)
-    ms_eager = _median_ms(step)
+    def every_layer() -> None:
+        for i in range(DECODE_LAYERS):
+            layer(i)
+
+    ms = _graph_back_to_back_ms(every_layer, DECODE_LAYERS)
+    ms_1layer_flushed = _graph_median_ms(lambda: layer(0))
+    ms_eager = _median_ms(lambda: layer(0))
     kv_bytes = 2 * batch * ctx * num_kv_heads * head_dim * dtype.itemsize
     gbs = kv_bytes / (ms * 1e-3) / 1e9
     return {
@@ -100,10 +135,12 @@ def _bench_decode(
         "model": name,
         "shape": f"B={batch} ctx={ctx} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} bs={block_size} splits={splits}",
         "ms": ms,
+        "ms_1layer_flushed": ms_1layer_flushed,
         "ms_eager": ms_eager,
         "kv_read_gbs": gbs,
         "copy_gbs": copy_gbs,
         "pct_of_copy": 100.0 * gbs / copy_gbs,
+        "pct_1layer_flushed": 100.0 * ms / ms_1layer_flushed * gbs / copy_gbs,
     }
 
 
