@@ -125,6 +125,7 @@ def main() -> None:
     parser.add_argument(
         "--shapes", default=",".join(SHAPES), help="comma-separated, of: " + ", ".join(SHAPES)
     )
+    parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--splits", default=",".join(map(str, SPLITS)))
     parser.add_argument("--block-n", default="32,64,128")
@@ -133,6 +134,7 @@ def main() -> None:
     # buffer only from 5 stages on; 1-4 stages all keep one tile in flight, and 6 or 8 add no third.
     parser.add_argument("--stages", default="1,2,3,5")
     args = parser.parse_args()
+    globals()["BATCH"] = args.batch  # decode_case and sweep_case read it
     ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]
     configs = list(itertools.product(*ints))  # (BLOCK_N, num_warps, num_stages)
     shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
