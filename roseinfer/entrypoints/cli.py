@@ -19,6 +19,10 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
         "roseinfer.bench.kernels",
         "decode/prefill attention kernels vs bandwidth and SDPA flash (GPU)",
     ),
+    "fused": (
+        "roseinfer.bench.fused_ops",
+        "RMSNorm+residual, SiLU-and-mul, rotary: Triton vs torch eager vs torch.compile (GPU)",
+    ),
     "roofline": (
         "roseinfer.bench.roofline",
         "decode and prefill step times as multiples of the hardware floor (GPU)",
