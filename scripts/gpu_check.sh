@@ -26,7 +26,9 @@ REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor'
 for s in "${sections[@]}"; do
   case $s in
     tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels ;;
-    kernels) run kernels 'decode|prefill|copy' $RI bench kernels ;;
+    kernels)
+      run kernels 'decode|prefill|copy' $RI bench kernels
+      run fused '^(model|qwen|llama)' $RI bench fused ;;
     roofline) run roofline-qwen '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape qwen2.5-0.5b --json "$OUT/roofline_qwen.json" ;;
     roofline-llama) run roofline-llama '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$OUT/roofline_llama.json" ;;
     throughput)
