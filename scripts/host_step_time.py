@@ -1,4 +1,4 @@
-"""The host's share of each engine step at W2's batch, with the model stubbed out (runs on a CPU).
+"""The host's share of each engine step at W2's (or W1's) batch, with the model stubbed out (runs on a CPU).
 
 A qwen2.5-0.5b-shaped config with one tiny layer is built with dummy weights; its forward returns zeros
 and its logits are 16 wide, so the time left is the scheduler, input building, sampling settings and
@@ -51,6 +51,7 @@ class StubModel(nn.Module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="W2", help="W1 or W2")
     parser.add_argument("--max-output-len", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
@@ -69,7 +70,7 @@ def main() -> None:
         )
         engine = LLMEngine(config, path)
     engine.core.runner.model = StubModel(engine.core.runner.model)
-    workload = build_workload("W2", VOCAB, max_output_len=args.max_output_len)
+    workload = build_workload(args.workload, VOCAB, max_output_len=args.max_output_len)
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)
     steps = 0
@@ -90,7 +91,7 @@ def main() -> None:
     if profiler is not None:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
     print(
-        f"W2 (outputs <= {args.max_output_len}): {steps} steps, {seconds / steps * 1e3:.3f} ms of host per step"
+        f"{args.workload} (outputs <= {args.max_output_len}): {steps} steps, {seconds / steps * 1e3:.3f} ms of host per step"
     )
 
 
