@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--workload", default="W2", help="W1 or W2")
     parser.add_argument("--max-output-len", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
     args = parser.parse_args()
     cfg = json.loads(CONFIG.read_text())
     cfg.update(num_hidden_layers=1, vocab_size=VOCAB, hidden_size=64, intermediate_size=128)
@@ -89,7 +90,7 @@ def main() -> None:
         run()
     seconds = time.perf_counter() - t0
     if profiler is not None:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(40)
     print(
         f"{args.workload} (outputs <= {args.max_output_len}): {steps} steps, {seconds / steps * 1e3:.3f} ms of host per step"
     )
