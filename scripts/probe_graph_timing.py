@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from sweep_decode_config import BATCH, LAYERS, decode_case  # this folder is on sys.path
 
-from roseinfer.bench.kernels import _median_ms
+from roseinfer.bench.kernels import _graph_back_to_back_ms, _graph_median_ms, _median_ms
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 
 HQ, HKV, D, CTX = 14, 2, 64, 4096
@@ -52,18 +52,6 @@ def per_replay_events_ms(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
-def loop_ms(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def main() -> None:
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     case = decode_case(HQ, HKV, D, CTX, gen)
@@ -78,18 +66,20 @@ def main() -> None:
             case.attend(splits, None)
 
     flags = torch.empty(BATCH * HKV * splits, device=gen.device)
-    one = capture(one_layer)
-    eight = capture(eight_layers)
-    thirty_two = capture(lambda: eight_layers(4))
-    empty = capture(lambda: _store_one[(BATCH * HKV, splits)](flags))
+
+    def empty() -> None:
+        _store_one[(BATCH * HKV, splits)](flags)
+
     rows = {
-        "do_bench, 1 layer": _median_ms(one.replay),
-        "events, 1 layer": per_replay_events_ms(one),
-        "loop, 1 layer": loop_ms(one),
-        "do_bench, 8 layers": _median_ms(eight.replay) / LAYERS,
-        "loop, 8 layers x 4": loop_ms(thirty_two, 50) / (4 * LAYERS),
-        "do_bench, empty": _median_ms(empty.replay),
-        "loop, empty": loop_ms(empty),
+        "do_bench, 1 layer": _graph_median_ms(one_layer),
+        "events, 1 layer": per_replay_events_ms(capture(one_layer)),
+        "loop, 1 layer": _graph_back_to_back_ms(one_layer, 1, replays=200, rounds=1),
+        "do_bench, 8 layers": _graph_median_ms(eight_layers) / LAYERS,
+        "loop, 8 layers x 4": _graph_back_to_back_ms(
+            lambda: eight_layers(4), 4 * LAYERS, replays=50, rounds=1
+        ),
+        "do_bench, empty": _graph_median_ms(empty),
+        "loop, empty": _graph_back_to_back_ms(empty, 1, replays=200, rounds=1),
     }
     copy_src = torch.empty(1 << 29, dtype=torch.bfloat16, device=gen.device)
     copy_dst = torch.empty_like(copy_src)
