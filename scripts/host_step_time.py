@@ -1,32 +1,56 @@
-"""The host's share of each engine step at W2's (or W1's) batch, with the model stubbed out (runs on a CPU).
+"""The host's share of each engine step at W2's (or W1's) batch, split by phase.
 
-A qwen2.5-0.5b-shaped config with one tiny layer is built with dummy weights; its forward returns zeros
-and its logits are 16 wide, so the time left is the scheduler, input building, sampling settings and
-output handling: what bounds a small model's steps when the GPU is fast. Prints ms per step; with
---profile, the cProfile entries by cumulative time.
+On the CPU (default) a qwen2.5-0.5b-shaped config with one tiny layer is built with dummy weights; its
+forward returns zeros and its logits are 16 wide, so the time left is the scheduler, input building,
+sampling settings and output handling: what bounds a small model's steps when the GPU is fast.
+With `--device cuda` the real qwen2.5-0.5b runs (bf16, CUDA graphs): the phases are then the host's
+side of a GPU step, graph replay and sampler launches included, after one warm-up pass.
 
-    python scripts/host_step_time.py --max-output-len 400 [--profile]
+Prints ms per step; `--phases`, host ms per step of each phase (perf_counter around the calls, no
+profiler); `--profile`, the cProfile entries (sorted by `--sort`).
+
+    python scripts/host_step_time.py --workload W1 --phases [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import json
 import pstats
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 from torch import nn
 
+import roseinfer.runner.model_runner as model_runner
 from roseinfer.bench.workloads import build_workload
+from roseinfer.engine.core import EngineCore
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.runner.cuda_graphs import DecodeGraphs
+from roseinfer.scheduler.scheduler import Scheduler
 
 CONFIG = Path(__file__).resolve().parents[1] / "roseinfer/models/configs/qwen2.5-0.5b.json"
 VOCAB = 32000
+
+# (owner, attribute, phase): the calls timed by --phases. Nested phases are reported as they are
+# (launch includes build_host_step, graph_run and sample).
+PHASES = [
+    (LLMEngine, "step", "step (all)"),
+    (Scheduler, "schedule", "schedule"),
+    (model_runner.ModelRunner, "launch", "launch"),
+    (model_runner, "build_host_step", "  build_host_step"),
+    (DecodeGraphs, "run", "  graph inputs + replay"),
+    (model_runner, "sample", "  sample"),
+    (model_runner.StepFuture, "result", "wait for the device"),
+    (Scheduler, "update_from_output", "update"),
+]
 
 
 class StubModel(nn.Module):
@@ -49,13 +73,36 @@ class StubModel(nn.Module):
             return getattr(self.real, name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="W2", help="W1 or W2")
-    parser.add_argument("--max-output-len", type=int, default=400)
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
-    args = parser.parse_args()
+@contextmanager
+def timed_phases(totals: collections.Counter[str]) -> Iterator[None]:
+    """Wraps each PHASES call to add its wall time to `totals` while the block runs."""
+    saved = []
+    for owner, name, phase in PHASES:
+        original = getattr(owner, name)
+        saved.append((owner, name, original))
+        setattr(owner, name, _timer(original, phase, totals))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+def _timer(fn: Callable, phase: str, totals: collections.Counter[str]) -> Callable:
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[phase] += time.perf_counter() - t0
+
+    return timed
+
+
+def build_engine(device: str) -> LLMEngine:
+    if device == "cuda":
+        config, path = make_engine_config(str(CONFIG), load_format="dummy", dtype="bfloat16", device="cuda")
+        return LLMEngine(config, path)
     cfg = json.loads(CONFIG.read_text())
     cfg.update(num_hidden_layers=1, vocab_size=VOCAB, hidden_size=64, intermediate_size=128)
     cfg.update(num_attention_heads=2, num_key_value_heads=1)
@@ -71,28 +118,62 @@ def main() -> None:
         )
         engine = LLMEngine(config, path)
     engine.core.runner.model = StubModel(engine.core.runner.model)
-    workload = build_workload(args.workload, VOCAB, max_output_len=args.max_output_len)
+    return engine
+
+
+def run_workload(engine: LLMEngine, name: str, max_output_len: int, seed: int) -> int:
+    """Adds the workload's requests and steps until they finish; returns the steps taken."""
+    vocab = engine.model_config.vocab_size
+    workload = build_workload(name, min(vocab, VOCAB), max_output_len=max_output_len, seed=seed)
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)
     steps = 0
+    while engine.has_unfinished_requests():
+        engine.step(final_only=True)
+        steps += 1
+    return steps
 
-    def run() -> None:
-        nonlocal steps
-        while engine.has_unfinished_requests():
-            engine.step(final_only=True)
-            steps += 1
 
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="W2", help="W1 or W2")
+    parser.add_argument("--max-output-len", type=int, default=400)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--phases", action="store_true", help="host ms per step of each phase")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
+    args = parser.parse_args()
+    engine = build_engine(args.device)
+    if args.device == "cuda":  # compiles, cuBLAS heuristics and allocator growth stay out of the timing
+        run_workload(engine, args.workload, args.max_output_len, seed=1)
+    core: EngineCore = engine.core
+    core.stats.reset()
+    totals: collections.Counter[str] = collections.Counter()
     profiler = cProfile.Profile() if args.profile else None
-    t0 = time.perf_counter()
-    if profiler is not None:
-        profiler.runcall(run)
-    else:
-        run()
-    seconds = time.perf_counter() - t0
+    sync(args.device)
+    with timed_phases(totals) if args.phases else nullcontext():
+        t0 = time.perf_counter()
+        if profiler is not None:
+            steps = profiler.runcall(run_workload, engine, args.workload, args.max_output_len, 0)
+        else:
+            steps = run_workload(engine, args.workload, args.max_output_len, 0)
+        sync(args.device)
+        seconds = time.perf_counter() - t0
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(40)
+    if args.phases:
+        print(f"{'phase':28s} {'ms/step':>8s}")
+        for _, _, phase in PHASES:
+            print(f"{phase:28s} {totals[phase] / steps * 1e3:8.3f}")
     print(
-        f"{args.workload} (outputs <= {args.max_output_len}): {steps} steps, {seconds / steps * 1e3:.3f} ms of host per step"
+        f"{args.workload} (outputs <= {args.max_output_len}, {args.device}): {steps} steps, "
+        f"{seconds / steps * 1e3:.3f} ms of host per step, host blocked on the device "
+        f"{core.stats.device_wait_time / seconds:.0%} of the run"
     )
 
 

@@ -161,7 +161,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
             graphs = runner.graphs
             use_graph = graphs is not None and graphs.can_run(step)
             if use_graph:
-                seconds = _time(lambda step=step, g=graphs: g.run(step, runner.staging, None), args.iters)
+                seconds = _time(lambda step=step, g=graphs: g.run(step, None), args.iters)
             else:
                 seconds = _time(lambda step=step: eager_logits(step), args.iters)
             floor_bytes = weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(

@@ -54,19 +54,16 @@ class LLMEngine:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list | tuple):
-            ids = [int(t) if isinstance(t, np.integer) else t for t in prompt]
+            ids = list(prompt)
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt must not be empty")
         vocab = self.model_config.vocab_size
-        for i, t in enumerate(ids):
-            if isinstance(t, float) and math.isnan(t):
-                raise ValueError(f"prompt token id at position {i} is NaN")
-            if not isinstance(t, int | np.integer) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise ValueError(
-                    f"prompt token id {t!r} at position {i} is outside the vocabulary [0, {vocab})"
-                )
+        # Plain ints in range are checked without a per-token loop, which took ~6 ms for W1's 64 prompts
+        # of 512 tokens on a GPU machine's host; anything else gets the per-token checks.
+        if set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab:
+            ids = checked_token_ids(ids, vocab)
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the model context is {max_len} (max_model_len)")
@@ -265,6 +262,17 @@ class _Group:
                 max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
             ),
         )
+
+
+def checked_token_ids(prompt: list, vocab: int) -> list[int]:
+    """The prompt's token ids as ints, or a ValueError naming the first bad one and its position."""
+    ids = [int(t) if isinstance(t, np.integer) else t for t in prompt]
+    for i, t in enumerate(ids):
+        if isinstance(t, float) and math.isnan(t):
+            raise ValueError(f"prompt token id at position {i} is NaN")
+        if not isinstance(t, int | np.integer) or isinstance(t, bool) or not 0 <= t < vocab:
+            raise ValueError(f"prompt token id {t!r} at position {i} is outside the vocabulary [0, {vocab})")
+    return ids
 
 
 def default_device() -> torch.device:

@@ -1,8 +1,15 @@
 """CUDA graphs for decode steps, captured at start-up for padded batch sizes.
 
-Each graph reads fixed device buffers (ids, positions, slots, lengths, block tables) and writes the
-logits of its padded batch. A step whose batch or block-table width exceeds what was captured runs
-eagerly instead: a graph never reads past its buffers.
+A replay reads one device buffer of per-row inputs, which the host writes with one copy per step: input
+ids, positions, slots, lengths, the rows whose input id is the previous step's pending token, the logits
+rows, and each row's temperature and seed. The graph fills the pending ids from the previous step's tokens,
+runs the forward and samples every row (greedy, or temperature with Gumbel noise, in one pass over the
+logits). So a graphed step costs the host one copy in, one block-table copy, the replay and the copy out;
+the pieces it replaces (a copy and an index op per input, two sampler launches) cost ~4x that on an H200's
+host (`scripts/probe_host_launch.py`).
+
+A step whose batch or block-table width exceeds what was captured runs eagerly instead: a graph never
+reads past its buffers.
 """
 
 from __future__ import annotations
@@ -14,12 +21,47 @@ import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
-from roseinfer.runner.inputs import HostStep, Staging, fill_pending
+from roseinfer.runner.inputs import ALIGN, HostStep
+
+# The per-row int32 inputs, in buffer order; the seeds (int64) take the two rows after them.
+ROWS = ("ids", "positions", "slots", "seq_lens", "fill_index", "fill_row", "logits_index", "temperature")
+SEEDS_ROW = len(ROWS)
+NUM_ROWS = len(ROWS) + 2
+
+Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 1025, 32))
     return [s for s in sizes if s < max_num_seqs] + [max_num_seqs]
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """Each row's token: the argmax where its temperature is 0, else a Gumbel-max draw. One Triton pass on
+    CUDA; on the CPU (the tests' stand-in replays) torch, with noise from the global generator."""
+    if logits.is_cuda:
+        from roseinfer.kernels.sampling import sample_tokens
+
+        return sample_tokens(logits, temperature, seeds)
+    scores = logits.float()
+    t = temperature.unsqueeze(1)
+    gumbel = -torch.log(-torch.log(torch.rand_like(scores).clamp_(min=1e-20)))
+    noisy = (scores / t.clamp(min=1e-20) + gumbel).argmax(dim=-1)
+    return torch.where(temperature > 0, noisy, scores.argmax(dim=-1))
+
+
+class _HostInputs:
+    """A pinned host mirror of the graphs' input buffer; rewritten only once its last copy has run."""
+
+    def __init__(self, numel: int, pin: bool) -> None:
+        self.tensor = torch.zeros(numel, dtype=torch.int32, pin_memory=pin)
+        self.array = self.tensor.numpy()
+        self.copied = torch.cuda.Event() if pin else None
+
+    def claim(self) -> np.ndarray:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.array
 
 
 class DecodeGraphs:
@@ -30,21 +72,34 @@ class DecodeGraphs:
         max_batch: int,
         max_blocks_per_seq: int,
         block_size: int,
+        sampler: Sampler = sample_rows,
     ) -> None:
         self.forward = forward  # (ids, positions, meta) -> logits [G, V]
+        self.sampler = sampler
         self.device = device
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.width = max_blocks_per_seq
         self.block_size = block_size
         g, w = self.max_batch, self.width
+        # Each row array holds g rows plus a scratch row: padded pending-fill entries write there.
+        self.stride = -(-(g + 1) // ALIGN) * ALIGN
+        self.tables_at = NUM_ROWS * self.stride  # the step's block table, packed [b, w], follows the rows
+        numel = self.tables_at + g * w
         i32 = dict(dtype=torch.int32, device=device)
-        self.ids = torch.zeros(g, **i32)
-        self.positions = torch.zeros(g, **i32)
-        self.slots = torch.full((g,), -1, **i32)
-        self.seq_lens = torch.zeros(g, **i32)
+        self.inputs = torch.zeros(numel, **i32)
+        rows = self.inputs[: self.tables_at].view(NUM_ROWS, self.stride)
+        self.ids, self.positions, self.slots, self.seq_lens = rows[0], rows[1], rows[2], rows[3]
+        self.fill_index, self.fill_row, self.logits_index = rows[4], rows[5], rows[6]
+        self.slots.fill_(-1)  # the warm-up and capture forwards write no KV
+        self.temperature = rows[7].view(torch.float32)
+        self.seeds = rows[SEEDS_ROW : SEEDS_ROW + 2].reshape(-1).view(torch.int64)
         self.query_start_loc = torch.arange(g + 1, **i32)
         self.block_tables = torch.zeros(g, w, **i32)
+        self.tokens = torch.zeros(g, **i32)  # each replay's sampled tokens; the next replay's pending ids
+        pin = device.type == "cuda"
+        self._hosts = (_HostInputs(numel, pin), _HostInputs(numel, pin))
+        self._num_runs = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _meta(self, size: int) -> AttentionMetadata:
@@ -59,17 +114,23 @@ class DecodeGraphs:
             seq_lens_cpu=[1] * size,
         )
 
+    def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
+        """What a graph of `size` rows runs: fill the pending ids, forward, sample; returns the logits."""
+        self.ids[self.fill_index[:size].long()] = self.tokens[self.fill_row[:size].long()]
+        logits = self.forward(self.ids[:size], self.positions[:size], meta)
+        self.tokens[:size].copy_(self.sampler(logits, self.temperature[:size], self.seeds[:size]))
+        return logits
+
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
             meta = self._meta(size)
-            ids, pos = self.ids[:size], self.positions[:size]
-            self.forward(ids, pos, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
+            self.body(size, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits = self.forward(ids, pos, meta)
+                logits = self.body(size, meta)
             pool = graph.pool()
             self.graphs[size] = (graph, logits)
         torch.cuda.synchronize(self.device)
@@ -80,37 +141,61 @@ class DecodeGraphs:
             and step.max_query_len == 1
             and step.num_seqs <= self.max_batch
             and step.block_tables.shape[1] <= self.width
+            and len(step.logits_index) <= self.max_batch
+            and (len(step.fill_row) == 0 or int(step.fill_row.max()) < self.max_batch)
         )
 
-    def run(self, step: HostStep, staging: Staging, prev_sampled: torch.Tensor | None) -> torch.Tensor:
-        """Replays the smallest graph that fits; returns the logits of the sampled rows [R, V] (may be a
-        view of the graph's output: read it before the next replay)."""
-        b = step.num_seqs
+    def run(
+        self,
+        step: HostStep,
+        prev_sampled: torch.Tensor | None,
+        temperature: np.ndarray | None = None,
+        seed: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Replays the smallest graph that fits. Returns the logits of the sampled rows [R, V] (may be a view
+        of the graph's output: read it before the next replay) and, when every row samples once, the rows'
+        tokens [B] (a view of `tokens`), drawn with `temperature` (float32 [B]; None: all greedy) and seeds
+        `seed + row`."""
+        b, f, r = step.num_seqs, len(step.fill_index), len(step.logits_index)
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
         w = step.block_tables.shape[1]
-        ids, pos, slots, seq_lens, tables, fill_index, fill_row, logits_index = staging.upload(
-            [
-                step.input_ids,
-                step.positions,
-                step.slot_mapping,
-                step.seq_lens,
-                step.block_tables,
-                step.fill_index,
-                step.fill_row,
-                step.logits_index,
-            ]
-        )
-        self.ids[:b].copy_(ids)
-        fill_pending(self.ids, fill_index, fill_row, prev_sampled)
-        self.positions[:b].copy_(pos)
-        self.slots[:b].copy_(slots)
-        self.seq_lens[:b].copy_(seq_lens)
-        self.block_tables[:b, :w].copy_(tables)
-        if size > b:  # padding rows: write nothing, attend to nothing
-            self.slots[b:size].fill_(-1)
-            self.seq_lens[b:size].zero_()
+        host = self._hosts[self._num_runs % 2]  # the other one may still feed a queued step
+        self._num_runs += 1
+        buf = host.claim()
+        rows = buf[: self.tables_at].reshape(NUM_ROWS, self.stride)
+        # Padding rows write no KV (slot -1), attend to nothing (length 0) and sample greedily.
+        for i, values, pad in (
+            (0, step.input_ids, 0),
+            (1, step.positions, 0),
+            (2, step.slot_mapping, -1),
+            (3, step.seq_lens, 0),
+        ):
+            rows[i, :b] = values
+            rows[i, b:size] = pad
+        rows[4, :f], rows[4, f:size] = step.fill_index, self.max_batch  # the scratch row
+        rows[5, :f], rows[5, f:size] = step.fill_row, 0
+        rows[6, :r] = step.logits_index
+        if temperature is None:
+            rows[7, :size] = 0  # the bits of 0.0
+        else:
+            rows[7, :b] = temperature.view(np.int32)
+            rows[7, b:size] = 0
+            seeds = rows[SEEDS_ROW : SEEDS_ROW + 2].reshape(-1).view(np.int64)
+            seeds[:b] = np.arange(seed, seed + b, dtype=np.int64)
+        end = self.tables_at + b * w
+        buf[self.tables_at : end] = step.block_tables.ravel()
+        self.inputs[:end].copy_(host.tensor[:end], non_blocking=True)
+        if host.copied is not None:
+            host.copied.record()
+        self.block_tables[:b, :w].copy_(self.inputs[self.tables_at : end].view(b, w))
+        if f:
+            if prev_sampled is None:
+                raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
+            if prev_sampled.data_ptr() != self.tokens.data_ptr():  # sampled outside the graphs
+                n = min(len(prev_sampled), self.max_batch)  # can_run: no fill reads a row past these
+                self.tokens[:n].copy_(prev_sampled[:n])
         graph, logits = self.graphs[size]
         graph.replay()
-        if len(step.logits_index) == b and (step.logits_index == np.arange(b)).all():
-            return logits[:b]  # every row samples once: no gather
-        return logits[logits_index.long()]
+        if r == b and (step.logits_index == np.arange(b)).all():
+            return logits[:b], self.tokens[:b]  # every row samples once: no gather
+        return logits[self.logits_index[:r].long()], None

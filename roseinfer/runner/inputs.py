@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -49,38 +50,51 @@ def block_table_array(rows: list[list[int]]) -> np.ndarray:
     return tables
 
 
+_REQUEST = attrgetter("request")
+_START = attrgetter("start")
+_NUM_NEW = attrgetter("num_new_tokens")
+_NUM_SAMPLES = attrgetter("num_samples")
+_TOKENS = attrgetter("all_token_ids")
+_BLOCKS = attrgetter("block_ids")
+_PENDING_ROW = attrgetter("pending_row")
+
+
 def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     """Call after `schedule()` committed `out`: each request's new tokens start at `ScheduledRequest.start`."""
     sched = out.scheduled
     n = len(sched)
-    reqs = [s.request for s in sched]
-    starts = np.fromiter((s.start for s in sched), np.int64, n)
-    lens = np.fromiter((s.num_new_tokens for s in sched), np.int64, n)
-    cu = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=cu[1:])
-    tables = block_table_array([r.block_ids for r in reqs])
-    token_lists = [r.all_token_ids for r in reqs]
+    reqs = list(map(_REQUEST, sched))
+    starts = np.fromiter(map(_START, sched), np.int64, n)
+    lens = np.fromiter(map(_NUM_NEW, sched), np.int64, n)
+    tables = block_table_array(list(map(_BLOCKS, reqs)))
+    token_lists = list(map(_TOKENS, reqs))
     # A pending token (async scheduling) is the last of its request's new tokens; its id is on the device.
     known = np.fromiter(map(len, token_lists), np.int64, n)
     pending = starts + lens > known
-    if int(lens.max()) == 1:  # decode: one token per request, no slicing
+    max_query_len = int(lens.max())
+    if max_query_len == 1:  # decode: one token per request, no slicing
+        cu = np.arange(n + 1, dtype=np.int64)
+        positions = starts
         # The token at `start`: the last one for a decode, the next one for a 1-token prompt chunk.
         ids = np.fromiter(
             (t[c] if c < k else 0 for t, c, k in zip(token_lists, starts.tolist(), known.tolist())),
             np.int64,
             n,
         )
+        slots = tables[cu[:-1], positions // block_size].astype(np.int64)
     else:
+        cu = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=cu[1:])
         ids = np.zeros(int(cu[-1]), np.int64)
         for i, t in enumerate(token_lists):
             seg = t[starts[i] : starts[i] + lens[i]]
             ids[cu[i] : cu[i] + len(seg)] = seg
-    seq_of_token = np.repeat(np.arange(n), lens)
-    positions = np.arange(int(cu[-1])) - cu[:-1][seq_of_token] + starts[seq_of_token]
-    slots = (
-        tables[seq_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    )
-    samples = np.fromiter((s.num_samples for s in sched), np.int64, n)
+        seq_of_token = np.repeat(np.arange(n), lens)
+        positions = np.arange(int(cu[-1])) - cu[:-1][seq_of_token] + starts[seq_of_token]
+        slots = tables[seq_of_token, positions // block_size].astype(np.int64)
+    slots = slots * block_size + positions % block_size
+    samples = np.fromiter(map(_NUM_SAMPLES, sched), np.int64, n)
+    last = cu[1:] - 1
     i32 = np.int32
     return HostStep(
         input_ids=ids.astype(i32),
@@ -89,10 +103,10 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
         query_start_loc=cu.astype(i32),
         seq_lens=(starts + lens).astype(i32),
         block_tables=tables,
-        max_query_len=int(lens.max()),
-        fill_index=(cu[1:] - 1)[pending].astype(i32),
-        fill_row=np.fromiter((r.pending_row for r, p in zip(reqs, pending.tolist()) if p), i32),
-        logits_index=np.repeat(cu[1:] - 1, samples).astype(i32),
+        max_query_len=max_query_len,
+        fill_index=last[pending].astype(i32),
+        fill_row=np.fromiter(map(_PENDING_ROW, reqs), i32, n)[pending],
+        logits_index=(last if (samples == 1).all() else np.repeat(last, samples)).astype(i32),
     )
 
 

@@ -76,6 +76,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_cache: SamplingBatch | None = None
+        self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
 
     # -- KV cache ---------------------------------------------------------------------------------
 
@@ -191,27 +192,37 @@ class ModelRunner:
             use_graph = self.graphs is not None and self.graphs.can_run(step)
             if not use_graph:
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled)
-        rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
+            rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
+            reqs = [out.scheduled[i].request for i in rows]
+            batch = self._sampling_batch(rows, reqs) if rows else None
+        graph_tokens = None
         with record("forward"):
             if use_graph:
-                logits = self.graphs.run(step, staging, self.last_sampled)
+                in_graph = batch is not None and batch.in_graph
+                temperature = batch.host_temperature if in_graph else None
+                seed = int(self._seeds.integers(2**62)) if temperature is not None else 0
+                logits, graph_tokens = self.graphs.run(step, self.last_sampled, temperature, seed)
+                if not in_graph:
+                    graph_tokens = None
             else:
                 hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
                 if rows:
                     logits = self.model.compute_logits(hidden[logits_index.long()])
-        if not rows:
+        if batch is None:
             return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):
-            reqs = [out.scheduled[i].request for i in rows]
             previous = -1
             for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
                 if i != previous:
                     r.pending_row = k
                     previous = i
-            tokens = sample(logits, self._sampling_batch(rows, reqs)).to(torch.int32)
+            if graph_tokens is not None:
+                tokens = graph_tokens  # sampled inside the graph
+            else:
+                tokens = sample(logits, batch).to(torch.int32)
             self.last_sampled = tokens
             if self.device.type != "cuda":
-                return StepFuture(len(out.scheduled), rows, tokens, None)
+                return StepFuture(len(out.scheduled), rows, tokens.clone(), None)
             host = torch.empty(tokens.shape, dtype=torch.int32, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
             done = torch.cuda.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from roseinfer.sampling_params import SamplingParams
@@ -21,6 +22,10 @@ class SamplingBatch:
     all_greedy: bool
     any_greedy: bool
     generators: list[torch.Generator | None]  # per row: the request's own generator if seeded
+    # Greedy and plain-temperature rows with no generator of their own are sampled inside decode graphs,
+    # from these host temperatures (None: all greedy).
+    in_graph: bool = False
+    host_temperature: np.ndarray | None = None
 
     @staticmethod
     def build(
@@ -32,11 +37,12 @@ class SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
-            return SamplingBatch(None, None, None, None, None, True, True, generators)
+            return SamplingBatch(None, None, None, None, None, True, True, generators, in_graph=True)
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
+        in_graph = not (use_k or use_p or use_min_p) and all(g is None for g in generators)
 
         pin = device.type == "cuda"  # a copy from pageable memory would wait for the queued steps
 
@@ -52,6 +58,8 @@ class SamplingBatch:
             all_greedy=all_greedy,
             any_greedy=any(greedy),
             generators=generators,
+            in_graph=in_graph,
+            host_temperature=np.array(temps, np.float32) if in_graph else None,
         )
 
 

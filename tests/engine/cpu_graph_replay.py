@@ -1,5 +1,6 @@
-"""`DecodeGraphs.run` on the CPU: each captured "graph" is a stand-in whose replay runs the forward on the
-graph buffers, so the real graph path (buffers, padding, row gathering) is exercised without CUDA."""
+"""`DecodeGraphs.run` on the CPU: each captured "graph" is a stand-in whose replay runs the graphs' own body
+(pending fill, forward, sampling) on the graph buffers, so the real graph path (one input buffer, padding,
+row gathering, in-graph sampling) is exercised without CUDA."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class CpuReplay:
         meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
         meta.seq_lens_cpu = g.seq_lens[:n].tolist()
         meta.max_seq_len = max(meta.seq_lens_cpu)
-        self.logits.copy_(self.runner._forward_logits(g.ids[:n], g.positions[:n], meta))
+        self.logits.copy_(g.body(n, meta))
         self.replays += 1
 
 

@@ -56,8 +56,14 @@ def fills(monkeypatch) -> list[int]:
         counts.append(fill_index.numel())
         real(ids, fill_index, fill_row, prev)
 
+    real_run = cuda_graphs.DecodeGraphs.run
+
+    def run_spy(self, step, *args):  # graphs fill pending ids inside the replay
+        counts.append(len(step.fill_index))
+        return real_run(self, step, *args)
+
     monkeypatch.setattr(inputs, "fill_pending", spy)
-    monkeypatch.setattr(cuda_graphs, "fill_pending", spy)
+    monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run", run_spy)
     return counts
 
 

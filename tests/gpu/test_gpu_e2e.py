@@ -139,3 +139,28 @@ def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
         assert token_ids(llm, prompts) == want, f"eager={eager}"
         del llm
         free_gpu()
+
+
+def test_decode_graphs_sample_each_row_on_gpu(model_dir):
+    """Greedy and temperature rows are sampled inside the decode graphs: greedy rows beside hot ones keep
+    their greedy tokens, and the hot rows' draws after the first token (which prefill samples) are rarely
+    the argmax after their own prefix. Seeded rows, sampled outside the graphs, repeat eager's draws."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=41, lengths=[3, 17, 30, 64, 5, 9])
+    llm = fp32_triton_engine(directory, False, num_kv_blocks=256, max_num_seqs=16)
+    want = token_ids(llm, prompts)
+    hot = SamplingParams(temperature=50.0, max_tokens=12, ignore_eos=True)
+    mixed = [greedy() if i % 2 == 0 else hot for i in range(len(prompts))]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, mixed, use_tqdm=False)]
+    assert [got[i] for i in range(0, len(prompts), 2)] == [want[i] for i in range(0, len(prompts), 2)]
+    odd = range(1, len(prompts), 2)
+    prefixes = [prompts[i] + got[i][:k] for i in odd for k in range(1, 12)]
+    drawn = [got[i][k] for i in odd for k in range(1, 12)]
+    argmax = [o.outputs[0].token_ids[0] for o in llm.generate(prefixes, greedy(1), use_tqdm=False)]
+    assert sum(a == d for a, d in zip(argmax, drawn)) <= len(drawn) // 4
+    seeded = [SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=i) for i in range(6)]
+    graphed = [o.outputs[0].token_ids for o in llm.generate(prompts, seeded, use_tqdm=False)]
+    del llm
+    free_gpu()
+    eager = fp32_triton_engine(directory, True, num_kv_blocks=256, max_num_seqs=16)
+    assert [o.outputs[0].token_ids for o in eager.generate(prompts, seeded, use_tqdm=False)] == graphed
