@@ -1,7 +1,10 @@
 """Host cost of each piece of a graphed decode step's launch on the GPU (qwen2.5-0.5b, batch 64).
 
 Every piece is timed alone with perf_counter, the device synchronised after each call, so that the
-figure is the host's launch work, not queueing behind the GPU. Run on a CUDA machine:
+figure is the host's launch work, not queueing behind the GPU. Beside `DecodeGraphs.run` as it is (one
+packed input copy, the pending fill and sampling inside the replay) it times the pieces that path
+replaced at 484be01: a staged upload, a copy per input, the index fill and the sampler's launches.
+Run on a CUDA machine:
 
     python scripts/probe_host_launch.py [--batch 64] [--width 40] [--iters 200]
 """
@@ -88,7 +91,10 @@ def main() -> None:
         ("5 copies into the graph's buffers", copies),
         ("fill_pending (index gather + put)", lambda: fill_pending(graphs.ids, fill_index, fill_row, prev)),
         ("graph.replay()", graph.replay),
-        ("DecodeGraphs.run (all of the above)", lambda: graphs.run(step, staging, prev)),
+        (
+            "DecodeGraphs.run (packed inputs, fill + sampling in the graph)",
+            lambda: graphs.run(step, graphs.tokens[:b]),
+        ),
         ("sample_tokens greedy + .to(int32)", lambda: sample_tokens(logits, None, None).to(torch.int32)),
         ("zeros + pinned empty + D2H copy + event", d2h),
         ("one torch.zeros on the device (a bare op)", lambda: torch.zeros(b, device="cuda")),
@@ -104,7 +110,7 @@ def main() -> None:
         f"qwen2.5-0.5b decode launch, batch {b}, table width {w}: host us per call (median of {args.iters})"
     )
     for name, fn in rows:
-        print(f"{name:45s} {host_us(fn, args.iters):8.1f}")
+        print(f"{name:62s} {host_us(fn, args.iters):8.1f}")
 
 
 if __name__ == "__main__":
