@@ -157,6 +157,8 @@ class DecodeGraphs:
         tokens [B] (a view of `tokens`), drawn with `temperature` (float32 [B]; None: all greedy) and seeds
         `seed + row`."""
         b, f, r = step.num_seqs, len(step.fill_index), len(step.logits_index)
+        if temperature is not None and len(temperature) != b:
+            raise ValueError(f"{len(temperature)} temperatures for {b} rows: the graph samples one per row")
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
         w = step.block_tables.shape[1]
         host = self._hosts[self._num_runs % 2]  # the other one may still feed a queued step

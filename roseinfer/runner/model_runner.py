@@ -198,7 +198,8 @@ class ModelRunner:
         graph_tokens = None
         with record("forward"):
             if use_graph:
-                in_graph = batch is not None and batch.in_graph
+                # The graph samples one token per input row: a fork's rows are drawn outside.
+                in_graph = batch is not None and batch.in_graph and len(rows) == step.num_seqs
                 temperature = batch.host_temperature if in_graph else None
                 seed = int(self._seeds.integers(2**62)) if temperature is not None else 0
                 logits, graph_tokens = self.graphs.run(step, self.last_sampled, temperature, seed)

@@ -9,6 +9,9 @@ import pytest
 import roseinfer.runner.cuda_graphs as cuda_graphs
 import roseinfer.runner.model_runner as model_runner
 from roseinfer import LLM, SamplingParams
+from roseinfer.request import Request, RequestStatus
+from roseinfer.runner.inputs import build_host_step
+from roseinfer.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 from tests.engine.cpu_graph_replay import cpu_decode_graphs
 
 PROMPTS = [[11 + i for i in range(n)] for n in (1, 3, 4, 5, 9, 17, 30)]
@@ -82,3 +85,18 @@ def test_seeded_and_filtered_rows_are_sampled_outside_the_graph(llama_dir, sampl
         assert sampled_outside["outside"] == llm.engine.core.runner.num_launches, extra
         if "seed" in extra:
             assert got == want  # a seeded request draws the same tokens with graphs as without
+
+
+def test_a_fork_sampled_at_temperature_in_a_graph_step(llama_dir):
+    """An n = 2 request whose last prompt chunk is one token samples two rows from one input row: the
+    graph's tokens do not apply, and the rows' temperatures must not be written as if they did."""
+    llm = make(llama_dir, graphs=True)
+    runner, kv = llm.engine.core.runner, llm.engine.core.kv
+    req = Request("B", [40, 41, 42, 43, 44], params(0.8, 4, n=2))
+    assert kv.allocate_slots(req, req.num_tokens)
+    req.num_computed_tokens, req.status = 4, RequestStatus.RUNNING
+    out = SchedulerOutput([ScheduledRequest(req, 1, 2, start=4)])
+    assert runner.graphs.can_run(build_host_step(out, runner.block_size))
+    tokens = runner.execute(out)
+    assert [len(t) for t in tokens] == [2]
+    assert all(0 <= t < runner.cfg.vocab_size for t in tokens[0])
