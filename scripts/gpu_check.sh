@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile (on request)
+#             gemv, fold, profile, host (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -74,6 +74,10 @@ for s in "${sections[@]}"; do
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
       run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps
       run trace-kernels '.' $RI trace-sql /tmp/w1trace.continuous.json --example top-kernels ;;
+    host)  # the host's side of a step: W1/W2 phases on the real engine, and each piece of a graphed launch
+      run host-w1 '.' python3 scripts/host_step_time.py --workload W1 --device cuda --phases
+      run host-w2 '.' python3 scripts/host_step_time.py --workload W2 --device cuda --phases
+      run probe-host-launch '.' python3 scripts/probe_host_launch.py ;;
     *) echo "unknown section $s"; exit 2 ;;
   esac
 done
