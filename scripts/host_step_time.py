@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import roseinfer.runner.model_runner as model_runner
+from roseinfer.bench.device import sync
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.core import EngineCore
 from roseinfer.engine.llm_engine import LLMEngine
@@ -134,11 +135,6 @@ def run_workload(engine: LLMEngine, name: str, max_output_len: int, seed: int) -
     return steps
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="W2", help="W1 or W2")
@@ -155,14 +151,14 @@ def main() -> None:
     core.stats.reset()
     totals: collections.Counter[str] = collections.Counter()
     profiler = cProfile.Profile() if args.profile else None
-    sync(args.device)
+    sync(engine.config.device)
     with timed_phases(totals) if args.phases else nullcontext():
         t0 = time.perf_counter()
         if profiler is not None:
             steps = profiler.runcall(run_workload, engine, args.workload, args.max_output_len, 0)
         else:
             steps = run_workload(engine, args.workload, args.max_output_len, 0)
-        sync(args.device)
+        sync(engine.config.device)
         seconds = time.perf_counter() - t0
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(40)
