@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host (on request)
+#             gemv, fold, profile, host, steps, l2 (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -74,6 +74,16 @@ for s in "${sections[@]}"; do
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
       run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps
       run trace-kernels '.' $RI trace-sql /tmp/w1trace.continuous.json --example top-kernels ;;
+    steps)  # W1's prefill and decode steps kernel by kernel, against their floors
+      for shape in llama-3.1-8b qwen2.5-0.5b; do
+        run steps-$shape '^(#|##|  *[0-9])' python3 scripts/probe_step_kernels.py --model-shape $shape
+      done ;;
+    l2)  # warming L2 with the next weights on a side stream (a no-go at d255ae7)
+      run l2-gemm '.' python3 scripts/probe_l2_prefetch.py gemm --prefetch bulk
+      for v in "none 1" "bulk 1" "bulk 0" "none 1"; do
+        set -- $v
+        run l2-step-$1-$2 '^decode' python3 scripts/probe_l2_prefetch.py step --prefetch $1 --lead $2
+      done ;;
     host)  # the host's side of a step: W1/W2 phases on the real engine, and each piece of a graphed launch
       run host-w1 '.' python3 scripts/host_step_time.py --workload W1 --device cuda --phases
       run host-w2 '.' python3 scripts/host_step_time.py --workload W2 --device cuda --phases
