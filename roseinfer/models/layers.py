@@ -31,6 +31,7 @@ def fused_kernels_for(x: torch.Tensor) -> bool:
 
 try:
     from roseinfer.kernels import activation as _act
+    from roseinfer.kernels import qk_norm as _qk_norm
     from roseinfer.kernels import rmsnorm as _rms
     from roseinfer.kernels import rotary as _rope
     from roseinfer.kernels.gemv import gemv
@@ -121,6 +122,18 @@ class RotaryEmbedding:
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def normalize_qk(
+    qkv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's per-head q/k norms. On CUDA one launch normalises the q and k heads in place in `qkv`, the
+    fused projection that the views q [T, Hq, D] and k [T, Hkv, D] read, and returns those views."""
+    if fused_kernels_for(qkv) and q_norm.eps == k_norm.eps:
+        hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+        _qk_norm.qk_norm_(qkv, hq, hkv, d, q_norm.weight, k_norm.weight, q_norm.eps)
+        return q, k
+    return q_norm(q), k_norm(k)
 
 
 def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:

@@ -13,6 +13,7 @@ from roseinfer.models.layers import (
     RotaryEmbedding,
     fused_kernels_for,
     gemv,
+    normalize_qk,
     paged_attention,
     silu_and_mul,
 )
@@ -66,7 +67,7 @@ class LlamaAttention(nn.Module):
     def _attend(self, qkv: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         q, k, v = self._split_heads(qkv)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = normalize_qk(qkv, q, k, self.q_norm, self.k_norm)
         return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary)
 
 
