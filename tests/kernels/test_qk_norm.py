@@ -8,9 +8,10 @@ import torch
 
 import roseinfer.models.layers as layers
 import roseinfer.models.llama as llama
-from roseinfer import LLM, SamplingParams
+from roseinfer import SamplingParams
 from roseinfer.kernels.qk_norm import qk_norm_, qk_norm_ref
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
+from tests.kernels.test_deferred_norm_model import _engine as cpu_engine_on_triton_kernels
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import make_hf_model
 
@@ -85,15 +86,7 @@ def test_qwen3_with_one_qk_norm_launch_matches_hf(tmp_path, monkeypatch):
     monkeypatch.setattr(llama, "fused_kernels_for", lambda x: True)
     monkeypatch.setattr(layers._qk_norm, "qk_norm_", counting)
     prompts = random_prompts(model.config.vocab_size, seed=26, lengths=[5, 18])
-    llm = LLM(
-        str(tmp_path),
-        device="cpu",
-        dtype="float32",
-        block_size=16,
-        cpu_kv_tokens=1024,
-        attention_backend="triton",
-        one_token_gemv=False,
-    )
+    llm = cpu_engine_on_triton_kernels(tmp_path)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 3) for p in prompts]
