@@ -8,10 +8,9 @@ import torch
 
 import roseinfer.models.layers as layers
 import roseinfer.models.llama as llama
-from roseinfer import SamplingParams
+from roseinfer import LLM, SamplingParams
 from roseinfer.kernels.qk_norm import qk_norm_, qk_norm_ref
-from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
-from tests.kernels.test_deferred_norm_model import _engine as cpu_engine_on_triton_kernels
+from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, HAS_CUDA, TOL, generator, randn
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import make_hf_model
 
@@ -51,6 +50,23 @@ def test_qk_norm_matches_reference(dtype, tokens, hq, hkv, d):
     torch.testing.assert_close(rms, torch.ones_like(rms), atol=0.02, rtol=0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hkv"), [(16, 8), (32, 8)])  # qwen3-0.6b, qwen3-8b
+@pytest.mark.parametrize("tokens", [1, 64, 257, 4096])
+def test_qk_norm_full_shapes_on_gpu(hq, hkv, tokens):
+    g = generator("qk-gpu", hq, hkv, tokens)
+    d = 128
+    qkv = randn((tokens, (hq + 2 * hkv) * d), torch.bfloat16, g)
+    q_w, k_w = (
+        (0.2 + 1.8 * torch.rand(d, generator=g)).to(qkv),
+        (0.2 + 1.8 * torch.rand(d, generator=g)).to(qkv),
+    )
+    ref = qk_norm_ref(qkv.clone(), hq, hkv, d, q_w, k_w, 1e-6)
+    out = qk_norm_(qkv, hq, hkv, d, q_w, k_w, 1e-6)
+    atol, rtol = TOL[torch.bfloat16]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
 def test_qk_norm_shape_checked():
     qkv = torch.zeros(2, 2 * 64, device=DEVICE)
     w = torch.ones(64, device=DEVICE)
@@ -62,12 +78,8 @@ def test_qk_norm_shape_checked():
     assert qk_norm_(empty, 2, 1, 64, w, w, 1e-6) is empty
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="runs the kernel on CPU tensors (the interpreter); on a GPU, test_gpu_e2e's Qwen3 parity tests take it",
-)
 def test_qwen3_with_one_qk_norm_launch_matches_hf(tmp_path, monkeypatch):
-    """On a GPU every Qwen3 step takes the kernel; here the model is made to take it on the CPU."""
+    """On a GPU every Qwen3 step takes the kernel; on the CPU the model is made to take it (interpreter)."""
     model = make_hf_model("qwen3")
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():  # q and k norm weights far from 1 and from each other
@@ -82,11 +94,22 @@ def test_qwen3_with_one_qk_norm_launch_matches_hf(tmp_path, monkeypatch):
         launches.append(args[0].shape[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(layers, "fused_kernels_for", lambda x: True)
-    monkeypatch.setattr(llama, "fused_kernels_for", lambda x: True)
+    if not HAS_CUDA:
+        monkeypatch.setattr(layers, "fused_kernels_for", lambda x: True)
+        monkeypatch.setattr(llama, "fused_kernels_for", lambda x: True)
     monkeypatch.setattr(layers._qk_norm, "qk_norm_", counting)
     prompts = random_prompts(model.config.vocab_size, seed=26, lengths=[5, 18])
-    llm = cpu_engine_on_triton_kernels(tmp_path)
+    llm = LLM(
+        str(tmp_path),
+        device=str(DEVICE),
+        dtype="float32",
+        block_size=16,
+        cpu_kv_tokens=1024,
+        attention_backend="triton",
+        one_token_gemv=False,
+        enforce_eager=True,  # a graph replay would run the kernel without calling the counted function
+    )
+    launches.clear()  # start-up may run warm-up forwards (CUDA)
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 3) for p in prompts]
