@@ -11,10 +11,12 @@ from roseinfer.models.layers import (
     ForwardContext,
     RMSNorm,
     RotaryEmbedding,
+    down_blas_library,
     fused_kernels_for,
     gemv,
     normalize_qk,
     paged_attention,
+    preferred_blas,
     silu_and_mul,
 )
 
@@ -80,7 +82,17 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        act = silu_and_mul(self.gate_up_proj(x))
+        with preferred_blas(self._down_library(act)):
+            return self.down_proj(act)
+
+    def add_down_(self, residual: torch.Tensor, act: torch.Tensor) -> None:
+        """`residual += act @ down.T` in place (one GEMM with beta = 1)."""
+        with preferred_blas(self._down_library(act)):
+            residual.addmm_(act, self.down_proj.weight.t())
+
+    def _down_library(self, act: torch.Tensor) -> str | None:
+        return down_blas_library(act.shape[0], act.shape[-1], act.is_cuda)
 
     def forward_one_token(self, residual: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """`residual + down(silu_and_mul(gate_up(norm(residual))))` for one token, in two GEMVs."""
@@ -127,7 +139,7 @@ class LlamaDecoderLayer(nn.Module):
         residual.addmm_(attn, self.self_attn.o_proj.weight.t())
         gate_up = torch.mm(residual, self.mlp.gate_up_proj.weight.t())
         act = silu_and_mul(gate_up, rms_of=residual, eps=self.post_attention_layernorm.eps)
-        residual.addmm_(act, self.mlp.down_proj.weight.t())
+        self.mlp.add_down_(residual, act)
 
 
 class LlamaModel(nn.Module):

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from roseinfer.models import llama
+from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
 from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
@@ -139,6 +141,34 @@ def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
         assert token_ids(llm, prompts) == want, f"eager={eager}"
         del llm
         free_gpu()
+
+
+def test_down_gemm_on_cublaslt_matches_hf_on_gpu(tmp_path, monkeypatch):
+    """A llama MLP with a down GEMM long enough for cuBLASLt, decoding a batch inside LT_DOWN_ROWS, eager and
+    as CUDA graphs, matches HF in float32; torch's BLAS preference is as it was after every step."""
+    model = save_hf_model("llama", tmp_path, intermediate_size=LT_DOWN_MIN_K)
+    batch = LT_DOWN_ROWS[0] + 8
+    prompts = random_prompts(
+        model.config.vocab_size, seed=43, lengths=[3 + (7 * i) % 41 for i in range(batch)]
+    )
+    want = [hf_greedy(model, p, 6) for p in prompts]
+    asked: list[str | None] = []
+    real = llama.preferred_blas
+
+    def recording(library):
+        asked.append(library)
+        return real(library)
+
+    monkeypatch.setattr(llama, "preferred_blas", recording)
+    before = torch.backends.cuda.preferred_blas_library()
+    for eager in (True, False):
+        llm = fp32_triton_engine(str(tmp_path), eager, num_kv_blocks=512, max_num_seqs=64)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6), use_tqdm=False)]
+        assert got == want, f"eager={eager}"
+        assert torch.backends.cuda.preferred_blas_library() == before
+        del llm
+        free_gpu()
+    assert "cublaslt" in asked and None in asked  # decode batches on cuBLASLt, prefill on the default
 
 
 def test_decode_graphs_sample_each_row_on_gpu(model_dir):
