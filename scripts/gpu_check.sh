@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2 (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, layouts (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -78,6 +78,10 @@ for s in "${sections[@]}"; do
       for shape in llama-3.1-8b qwen2.5-0.5b; do
         run steps-$shape '^(#|##|  *[0-9])' python3 scripts/probe_step_kernels.py --model-shape $shape
       done ;;
+    mlp)  # the decode MLP as one persistent Triton launch (a no-go at 4b3acf8)
+      run mlp '^(qwen|llama|  )' python3 scripts/probe_fused_mlp.py --batches 16,64 --stress 20 ;;
+    layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)
+      run layouts '.' python3 scripts/probe_gemm_layouts.py --batches 16,64,128,256 ;;
     l2)  # warming L2 with the next weights on a side stream (a no-go at d255ae7)
       run l2-gemm '.' python3 scripts/probe_l2_prefetch.py gemm --prefetch bulk
       for v in "none 1" "bulk 1" "bulk 0" "none 1"; do
