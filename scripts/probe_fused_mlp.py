@@ -1,30 +1,20 @@
-"""Probe (GPU only): a decode step's MLP as one persistent launch (the kernel below) against what the
-engine runs now (cuBLAS gate_up GEMM, `silu_and_mul` with the deferred norm, cuBLAS `addmm_` down GEMM with
-its split-K reduce).
+"""Probe (GPU only; no-go on the H100, PERFORMANCE.md eleventh session): a decode step's MLP as one
+persistent launch, `residual += down(silu(gate) * up)` with `[gate | up] = norm(residual) @ W_gu.T` (norm weight
+folded into W_gu), against the engine's cuBLAS gate_up, `silu_and_mul` with the deferred norm, and cuBLAS
+`addmm_` down with its split-K reduce.
 
-Times CUDA-graph replays over LAYERS distinct weight sets (weights come from HBM, as in a step), checks both
-paths against `fused_mlp_ref`, and prints us per layer: the engine's path, the fused launch with each tile
-config, and the fused phases as two launches (whose difference from one launch is the grid barrier's cost
-against a launch boundary's).
+The kernel runs one program per SM:
+- phase 1: an equal share of the intermediate columns per program, gate and up for every row (1 / rms
+  gathered over the same K loop), `silu(gate) * up` written to a workspace;
+- a grid barrier (one program per SM, so all are resident);
+- phase 2: the down GEMM as (column tile, K share) tasks; the last task of a tile adds every share's fp32
+  partial, in a fixed order, to the residual.
+Under the Triton interpreter programs run one after another, so the phases run as two launches there
+(`split_phases`).
 
-No-go on the H100 (PERFORMANCE.md, eleventh session), so the kernel lives here, not in the package. What it does:
-
-A decode step's MLP in one persistent launch: `residual += down(silu(gate) * up)`, where
-`[gate | up] = norm(residual) @ W_gu.T` with the norm's weight folded into W_gu (`fold_norm_weights`).
-
-At decode batch sizes each of the three launches the engine runs otherwise (the gate_up GEMM, SiLU with the
-deferred norm, the down GEMM and cuBLAS's split-K reduce) pays a fixed cost of launch, ramp and tail that is
-larger than the time its bytes take. Here one program per SM does the whole MLP:
-
-- phase 1: each program takes an equal share of the intermediate columns and computes its gate and up
-  columns for every row, gathering the rows' 1 / rms over the same K loop; it writes `silu(gate) * up` to a
-  workspace;
-- a grid barrier (every program is resident: there is one per SM);
-- phase 2: the down GEMM cut into (column tile, K share) tasks. Each task writes an fp32 partial; the last
-  task of a column tile to finish adds every share's partial, in a fixed order, to the residual.
-
-The result does not depend on the program count. Under the Triton interpreter programs run one after
-another, so a grid barrier would wait forever: there the phases run as two launches (`split_phases`).
+Times CUDA-graph replays over LAYERS distinct weight sets, checks against `fused_mlp_ref`, and prints us per
+layer: the engine, the fused launch per tile config, and the phases as two launches (the difference is the
+grid barrier against a launch boundary). `--stress N` checks N launches of each against the reference.
 """
 
 from __future__ import annotations
@@ -217,34 +207,16 @@ def plan_launch(
     return MLPLaunch(programs, block_m, cols, bn1, bk1, bn2, bk2, splits, k_per_split, warps, num_stages or 3)
 
 
-class _Workspace:
-    """Scratch shared by every launch on a device: `silu(gate) * up` rows, fp32 partials, per-tile tickets
-    (zero between launches) and the grid barrier's counter. Grown outside CUDA-graph capture only (the
-    engine runs one eager step of each size first)."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[torch.device, str], torch.Tensor] = {}
-
-    def get(self, device: torch.device, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        key = (_key(device), name)
-        buf = self.buffers.get(key)
-        if buf is None or buf.numel() < numel or buf.dtype != dtype:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    f"fused_mlp_ needs a larger {name} workspace: run one eager step of this size before capture"
-                )
-            buf = torch.zeros(numel, dtype=dtype, device=device)
-            self.buffers[key] = buf
-        return buf[:numel]
+_WORKSPACE: dict[str, torch.Tensor] = {}
 
 
-def _key(device: torch.device) -> torch.device:
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-_WORKSPACE = _Workspace()
+def _workspace(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Scratch shared by every launch (one device): zeroed once, grown only by an eager call (the probe
+    runs each size eagerly before capturing it)."""
+    buf = _WORKSPACE.get(name)
+    if buf is None or buf.numel() < numel or buf.dtype != dtype:
+        buf = _WORKSPACE[name] = torch.zeros(numel, dtype=dtype, device=device)
+    return buf[:numel]
 
 
 def fused_mlp_(
@@ -261,18 +233,7 @@ def fused_mlp_(
     rows. `split_phases` runs the phases as two launches (the default under the interpreter)."""
     m, hidden = residual.shape
     inter = w_down.shape[1]
-    if w_gate_up.shape != (2 * inter, hidden) or w_down.shape != (hidden, inter):
-        raise ValueError(
-            f"fused_mlp_: w_gate_up {tuple(w_gate_up.shape)} and w_down {tuple(w_down.shape)} do not fit "
-            f"hidden {hidden}"
-        )
-    if not 0 < m <= MAX_ROWS:
-        raise ValueError(f"fused_mlp_ takes 1 to {MAX_ROWS} rows, got {m}")
-    if residual.dtype != w_gate_up.dtype or residual.dtype != w_down.dtype:
-        raise ValueError("fused_mlp_: residual and weights must share a dtype")
-    for t in (residual, w_gate_up, w_down):
-        if t.stride(-1) != 1:
-            raise ValueError("fused_mlp_ needs contiguous rows")
+    assert w_gate_up.shape == (2 * inter, hidden) and 0 < m <= MAX_ROWS, "the probe's own shapes"
     if split_phases is None:
         split_phases = is_interpret()
     if plan is None:
@@ -294,10 +255,10 @@ def launch_phase(
     m, hidden = residual.shape
     inter = w_down.shape[1]
     dev = residual.device
-    h = _WORKSPACE.get(dev, "h", m * inter, residual.dtype).view(m, inter)
-    part = _WORKSPACE.get(dev, "part", plan.splits * plan.block_m * hidden, torch.float32)
-    tickets = _WORKSPACE.get(dev, "tickets", triton.cdiv(hidden, plan.bn2), torch.int32)
-    barrier = _WORKSPACE.get(dev, "barrier", 1, torch.int64)
+    h = _workspace("h", m * inter, residual.dtype, dev).view(m, inter)
+    part = _workspace("part", plan.splits * plan.block_m * hidden, torch.float32, dev)
+    tickets = _workspace("tickets", triton.cdiv(hidden, plan.bn2), torch.int32, dev)
+    barrier = _workspace("barrier", 1, torch.int64, dev)
     _fused_mlp_kernel[(plan.programs,)](
         residual, w_gate_up, w_down, h, part, tickets, barrier, m, hidden, inter,
         residual.stride(0), w_gate_up.stride(0), w_down.stride(0), h.stride(0),

@@ -164,13 +164,18 @@ def down_blas_library(rows: int, k: int, is_cuda: bool) -> str | None:
     return None
 
 
+_NO_CHANGE = contextlib.nullcontext()
+
+
+def preferred_blas(library: str | None) -> contextlib.AbstractContextManager[None]:
+    """Run the block's CUDA GEMMs with `library` ('cublas' or 'cublaslt'), then restore torch's preference;
+    None changes nothing (and costs nothing per layer). A captured CUDA graph keeps the kernels chosen at
+    capture."""
+    return _NO_CHANGE if library is None else _blas_library(library)
+
+
 @contextlib.contextmanager
-def preferred_blas(library: str | None) -> Iterator[None]:
-    """Run the block's CUDA GEMMs with `library` ('cublas' or 'cublaslt'; None changes nothing), then restore
-    torch's preference. A captured CUDA graph keeps the kernels chosen at capture."""
-    if library is None:
-        yield
-        return
+def _blas_library(library: str) -> Iterator[None]:
     previous = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library(library)
     try:
