@@ -180,7 +180,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 16384  # vLLM's offline default on large GPUs
     mode: str = "continuous"
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # admission order: fcfs | lpm (longest cached prefix first, with aging)
+    policy: str = "fcfs"  # admission order: fcfs | lpm | lof (scheduler/policy.py)
 
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULER_MODES:

@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, layouts (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -22,7 +22,7 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
     if "$@" > "$OUT/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$OUT/$name.log"; fi
     grep -E "$filter" "$OUT/$name.log" | cut -c1-160 | tail -n 40
 }
-REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor'
+REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
     tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels ;;
@@ -39,6 +39,11 @@ for s in "${sections[@]}"; do
     throughput-llama)
       run w1-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W1 --mode continuous --json "$OUT/w1_llama.json"
       run w2-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_llama.json" ;;
+    policy)  # W2 llama: fcfs at the default budget, then longest-output-first at small budgets (POLICY_BUDGETS)
+      run w2-llama-fcfs "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --json "$OUT/w2_llama_fcfs.json"
+      for b in ${POLICY_BUDGETS:-320 384 512}; do
+        run w2-llama-lof-$b "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --json "$OUT/w2_llama_lof_$b.json"
+      done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do
         run prefix-$w '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload $w --no-progress --json "$OUT/prefix_$w.json"

@@ -110,11 +110,28 @@ def test_bench_throughput_all_modes_with_hf_peer(workload, capsys, tmp_path):
             assert re.search(
                 rf"^Decode-only steps: {saved['extra']['num_decode_steps']}, median ", text, re.M
             )
+            assert saved["extra"]["scheduler"]["policy"] == "fcfs"
     for mode in ("naive", "static", "continuous"):
         assert f"Ratio roseinfer/HF (completion tok/s), {mode}:" in text
         assert report["ratio_to_hf"][mode] > 0
     assert report["header"]["workload"] == workload
     assert report["roofline"] is None  # CPU: no device limits
+
+
+def test_bench_throughput_takes_the_admission_policy_and_budget(capsys, tmp_path):
+    out_json = tmp_path / "report.json"
+    argv = [
+        "bench", "throughput", "--model-shape", "tiny-llama", "--workload", "W2", "--num-requests", "5",
+        "--max-prompt-len", "20", "--max-output-len", "7", "--warmup-requests", "1",
+        "--admission-policy", "lof", "--max-num-batched-tokens", "24", "--json", str(out_json),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert re.search(r"^Scheduler: lof, 24 tokens a step, \d+ sequences$", capsys.readouterr().out, re.M)
+    saved = json.loads(out_json.read_text())["results"]["continuous"]
+    assert saved["extra"]["scheduler"]["policy"] == "lof"
+    assert saved["extra"]["scheduler"]["max_num_batched_tokens"] == 24
+    wl = build_workload("W2", 32000, num_requests=5, max_prompt_len=20, max_output_len=7)
+    assert saved["completion_tokens"] == wl.num_output_tokens
 
 
 def test_bench_subcommands_are_registered():

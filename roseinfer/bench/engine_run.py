@@ -13,6 +13,7 @@ from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.scheduler.policy import POLICIES
 
 CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
 
@@ -43,6 +44,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             f"{name}: {completion} completion tokens, the workload asked for {workload.num_output_tokens}"
         )
     stats = core.stats
+    sched = engine.config.scheduler
     return RunResult(
         name=name,
         num_requests=workload.num_requests,
@@ -62,6 +64,11 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             "num_decode_steps": len(decode_calls),
             "decode_step_median_s": statistics.median(decode_calls) if decode_calls else None,
             "triton_compiles": dict(compiled),
+            "scheduler": {
+                "policy": sched.policy,
+                "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "max_num_seqs": sched.max_num_seqs,
+            },
         },
     )
 
@@ -103,6 +110,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "max_model_len",
         "async_scheduling",
         "fold_norms",
+        "admission_policy",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -130,6 +138,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--attention-backend", default=None)
     engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument(
+        "--admission-policy",
+        default=None,
+        choices=POLICIES,
+        help="waiting-queue order (default fcfs); lof with a small --max-num-batched-tokens: offline throughput",
+    )
     if prefix_caching_flag:
         engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     engine.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)

@@ -45,10 +45,20 @@ class RunResult:
                 f"Throughput (completion): {self.completion_throughput:.2f} tokens/s",
                 f"Throughput (total): {self.total_throughput:.2f} tokens/s",
             ]
+            + self._scheduler_line()
             + self._wait_line()
             + self._decode_step_line()
             + self._compile_line()
         )
+
+    def _scheduler_line(self) -> list[str]:
+        s = self.extra.get("scheduler")
+        if s is None:
+            return []
+        return [
+            f"Scheduler: {s['policy']}, {s['max_num_batched_tokens']} tokens a step, "
+            f"{s['max_num_seqs']} sequences"
+        ]
 
     def _compile_line(self) -> list[str]:
         compiled = self.extra.get("triton_compiles")

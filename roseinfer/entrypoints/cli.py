@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from roseinfer.scheduler.policy import POLICIES
+
 # name -> (module defining add_arguments(parser) and run(args) -> int, one-line help)
 BENCH_COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": (
@@ -85,7 +87,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         "--pin-prefix", action="append", default=[], help="a prefix to compute and pin (repeatable)"
     )
     cache.add_argument("--pin-prefix-file", default=None, help="JSON list or JSON lines of prefixes to pin")
-    cache.add_argument("--admission-policy", default="fcfs", choices=["fcfs", "lpm"])
+    cache.add_argument(
+        "--admission-policy",
+        default="fcfs",
+        choices=POLICIES,
+        help="waiting-queue order: fcfs, lpm (longest cached prefix first), lof (longest max_tokens first)",
+    )
 
 
 def run_generate(args: argparse.Namespace) -> int:

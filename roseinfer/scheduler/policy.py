@@ -1,4 +1,16 @@
-"""Admission order for the waiting queue: fcfs, or longest cached prefix first with aging."""
+"""Admission order for the waiting queue.
+
+- fcfs: arrival order.
+- lpm: longest cached prefix first, so that cache hits are taken while their blocks are still warm.
+- lof: longest remaining output (max_tokens) first. For offline throughput with a small token budget:
+  requests that decode longest start first, and the short ones are prefilled later in small chunks
+  that ride in memory-bound decode steps, instead of all prompts being prefilled up front in
+  compute-bound steps.
+
+lpm and lof age: a request that has waited `max_wait_steps` steps goes ahead of the ranked ones, so no
+request is starved by a stream of better-ranked arrivals. Among the overdue, lpm goes first come first
+served; lof ranks those that arrived within the same `max_wait_steps` window by output.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +19,14 @@ from dataclasses import dataclass
 
 from roseinfer.request import Request
 
-POLICIES = ("fcfs", "lpm")
+POLICIES = ("fcfs", "lpm", "lof")
 
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
     name: str = "fcfs"
-    # lpm: a request that has waited this many scheduler steps goes ahead of every cache-warm one,
-    # so a cache-cold request is never starved by a stream of hits.
     max_wait_steps: int = 64
-    # lpm: only this many requests from the head of the queue are ranked (bounds the per-step cost).
+    # Only this many requests from the head of the queue are ranked (bounds the per-step cost).
     window: int = 256
 
     def __post_init__(self) -> None:
@@ -30,7 +40,18 @@ class AdmissionPolicy:
             return waiting
         head, tail = waiting[: self.window], waiting[self.window :]
         overdue = [r for r in head if step - r.enqueued_step >= self.max_wait_steps]
-        overdue.sort(key=lambda r: (r.enqueued_step, r.arrival_time))  # fcfs among the overdue
         fresh = [r for r in head if step - r.enqueued_step < self.max_wait_steps]
-        fresh.sort(key=lambda r: -cached_tokens(r))  # stable: fcfs among equal hits
+        if self.name == "lpm":
+            overdue.sort(key=lambda r: (r.enqueued_step, r.arrival_time))  # fcfs among the overdue
+            fresh.sort(key=lambda r: -cached_tokens(r))  # stable: fcfs among equal hits
+        else:
+            # Overdue requests go by the window of steps they arrived in, and by output within one: a
+            # batch that arrived together (offline) keeps its longest-first order however long it waits.
+            overdue.sort(key=lambda r: (r.enqueued_step // self.max_wait_steps, _remaining_output(r)))
+            fresh.sort(key=_remaining_output)
         return overdue + fresh + tail
+
+
+def _remaining_output(r: Request) -> int:
+    """Sort key, ascending: the most output tokens still to go first."""
+    return r.num_output_tokens - r.params.max_tokens

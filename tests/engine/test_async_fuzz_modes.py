@@ -29,7 +29,7 @@ def case(seed: int):
         max_num_seqs=rng.choice([1, 2, 4, 8]),
         scheduler_mode=rng.choice(["continuous", "continuous", "static", "naive"]),
         enable_prefix_caching=rng.random() < 0.7,
-        admission_policy=rng.choice(["fcfs", "lpm"]),
+        admission_policy=rng.choice(["fcfs", "lpm", "lof"]),
     )
     shared = [rng.randint(5, 90) for _ in range(rng.choice([0, 4, 9]))]
     prompts, params = [], []

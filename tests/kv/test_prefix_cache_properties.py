@@ -57,7 +57,7 @@ def run_stream(seed: int, async_: bool = False) -> KVCacheManager:
     bs = rng.choice([1, 2, 4, 8])
     num_blocks = rng.randint(12, 80)
     kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=True)
-    policy = AdmissionPolicy(rng.choice(["fcfs", "lpm"]), max_wait_steps=rng.randint(1, 10))
+    policy = AdmissionPolicy(rng.choice(["fcfs", "lpm", "lof"]), max_wait_steps=rng.randint(1, 10))
     sched = Scheduler(
         SchedulerConfig(rng.randint(1, 6), rng.choice([3, 8, 64]), "continuous"), kv, 10_000, policy
     )

@@ -10,17 +10,20 @@ from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
+from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
 from tests.scheduler.driver import Driver
 
 
-def run_random_stream(seed: int, mode: str = "continuous", async_: bool = False) -> Scheduler:
+def run_random_stream(
+    seed: int, mode: str = "continuous", async_: bool = False, policy: AdmissionPolicy | None = None
+) -> Scheduler:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 16])
     num_blocks = rng.randint(8, 64)
     budget = rng.choice([4, 16, 64, 1024])
     kv = KVCacheManager(num_blocks, block_size)
-    sched = Scheduler(SchedulerConfig(rng.randint(1, 8), budget, mode), kv, max_model_len=10_000)
+    sched = Scheduler(SchedulerConfig(rng.randint(1, 8), budget, mode), kv, 10_000, policy)
     driver = Driver(sched, async_)
     pool_tokens = num_blocks * block_size
     all_reqs: list[Request] = []
@@ -82,6 +85,12 @@ def run_random_stream(seed: int, mode: str = "continuous", async_: bool = False)
 @pytest.mark.parametrize("seed", range(40))
 def test_random_streams_keep_invariants(seed, async_):
     run_random_stream(seed, async_=async_)
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_streams_keep_invariants_longest_output_first(seed, async_):
+    run_random_stream(seed, async_=async_, policy=AdmissionPolicy("lof", max_wait_steps=1 + seed % 5))
 
 
 @pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
