@@ -29,15 +29,17 @@ import torch
 from torch import nn
 
 import roseinfer.runner.model_runner as model_runner
+from roseinfer.attention.triton_backend import TritonAttentionBackend
 from roseinfer.bench.device import sync
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.core import EngineCore
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.models.llama import LlamaForCausalLM
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.scheduler.scheduler import Scheduler
 
-CONFIG = Path(__file__).resolve().parents[1] / "roseinfer/models/configs/qwen2.5-0.5b.json"
+CONFIGS = Path(__file__).resolve().parents[1] / "roseinfer/models/configs"
 VOCAB = 32000
 
 # (owner, attribute, phase): the calls timed by --phases. Nested phases are reported as they are
@@ -48,6 +50,8 @@ PHASES = [
     (model_runner.ModelRunner, "launch", "launch"),
     (model_runner, "build_host_step", "  build_host_step"),
     (DecodeGraphs, "run", "  graph inputs + replay"),
+    (LlamaForCausalLM, "forward", "  eager forward (launches)"),
+    (TritonAttentionBackend, "forward", "    attention (launches)"),
     (model_runner, "sample", "  sample"),
     (model_runner.StepFuture, "result", "wait for the device"),
     (Scheduler, "update_from_output", "update"),
@@ -100,11 +104,19 @@ def _timer(fn: Callable, phase: str, totals: collections.Counter[str]) -> Callab
     return timed
 
 
-def build_engine(device: str) -> LLMEngine:
-    if device == "cuda":
-        config, path = make_engine_config(str(CONFIG), load_format="dummy", dtype="bfloat16", device="cuda")
+def build_engine(args: argparse.Namespace) -> LLMEngine:
+    config_file = CONFIGS / f"{args.model_shape}.json"
+    if args.device == "cuda":
+        config, path = make_engine_config(
+            str(config_file),
+            load_format="dummy",
+            dtype="bfloat16",
+            device="cuda",
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            admission_policy=args.admission_policy,
+        )
         return LLMEngine(config, path)
-    cfg = json.loads(CONFIG.read_text())
+    cfg = json.loads(config_file.read_text())
     cfg.update(num_hidden_layers=1, vocab_size=VOCAB, hidden_size=64, intermediate_size=128)
     cfg.update(num_attention_heads=2, num_key_value_heads=1)
     with tempfile.TemporaryDirectory() as model_dir:
@@ -116,6 +128,8 @@ def build_engine(device: str) -> LLMEngine:
             device="cpu",
             max_num_seqs=256,
             cpu_kv_tokens=400_000,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            admission_policy=args.admission_policy,
         )
         engine = LLMEngine(config, path)
     engine.core.runner.model = StubModel(engine.core.runner.model)
@@ -140,11 +154,14 @@ def main() -> None:
     parser.add_argument("--workload", default="W2", help="W1 or W2")
     parser.add_argument("--max-output-len", type=int, default=400)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--model-shape", default="qwen2.5-0.5b", help="cuda: the shape that runs")
+    parser.add_argument("--admission-policy", default="fcfs")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384)
     parser.add_argument("--phases", action="store_true", help="host ms per step of each phase")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
     args = parser.parse_args()
-    engine = build_engine(args.device)
+    engine = build_engine(args)
     if args.device == "cuda":  # compiles, cuBLAS heuristics and allocator growth stay out of the timing
         run_workload(engine, args.workload, args.max_output_len, seed=1)
     core: EngineCore = engine.core

@@ -142,7 +142,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         "--admission-policy",
         default=None,
         choices=POLICIES,
-        help="waiting-queue order (default fcfs); lof with a small --max-num-batched-tokens: offline throughput",
+        help="waiting-queue order: fcfs (default), lpm (longest cached prefix), lof (longest max_tokens)",
     )
     if prefix_caching_flag:
         engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)

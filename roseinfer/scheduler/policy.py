@@ -2,10 +2,11 @@
 
 - fcfs: arrival order.
 - lpm: longest cached prefix first, so that cache hits are taken while their blocks are still warm.
-- lof: longest remaining output (max_tokens) first. For offline throughput with a small token budget:
-  requests that decode longest start first, and the short ones are prefilled later in small chunks
-  that ride in memory-bound decode steps, instead of all prompts being prefilled up front in
-  compute-bound steps.
+- lof: longest remaining output (max_tokens) first. With a small token budget, the requests that decode
+  longest start first and the short ones are prefilled later, in chunks that ride in memory-bound decode
+  steps instead of compute-bound prefill steps up front. That pays only when a mixed step costs the host
+  no more than the GPU: today mixed steps run eagerly and lof measured slower on W2 llama
+  (docs/PERFORMANCE.md, twelfth session; `scripts/sim_w2_schedule.py` models it).
 
 lpm and lof age: a request that has waited `max_wait_steps` steps goes ahead of the ranked ones, so no
 request is starved by a stream of better-ranked arrivals. Among the overdue, lpm goes first come first
