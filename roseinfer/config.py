@@ -203,6 +203,8 @@ class EngineConfig:
     tokenizer: str | None = None
     attention_backend: str = "torch"
     enforce_eager: bool = False
+    # Steps with prefill work of up to this many tokens replay CUDA graphs (runner/mixed_graphs.py); 0: eager.
+    mixed_graph_max_tokens: int = 512
     # Schedule step N+1 while step N runs on the device (its sampled ids are fed on the device).
     async_scheduling: bool = True
     # Batches of one token run as GEMVs with the norms and residual adds folded in (llama family, CUDA).
@@ -213,3 +215,7 @@ class EngineConfig:
     fold_norms: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings
+
+    def __post_init__(self) -> None:
+        if self.mixed_graph_max_tokens < 0:
+            raise ValueError(f"mixed_graph_max_tokens must be >= 0, got {self.mixed_graph_max_tokens}")

@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy, mixed (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -22,7 +22,7 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
     if "$@" > "$OUT/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$OUT/$name.log"; fi
     grep -E "$filter" "$OUT/$name.log" | cut -c1-160 | tail -n 40
 }
-REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Decode-only'
+REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
     tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels ;;
@@ -43,6 +43,12 @@ for s in "${sections[@]}"; do
       run w2-llama-fcfs "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --json "$OUT/w2_llama_fcfs.json"
       for b in ${POLICY_BUDGETS:-320 384 512}; do
         run w2-llama-lof-$b "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --json "$OUT/w2_llama_lof_$b.json"
+      done ;;
+    mixed)  # W2 llama under lof at small budgets (MIXED_BUDGETS), steps with prefill work eager (0) vs as graphs
+      for b in ${MIXED_BUDGETS:-320 512}; do
+        for m in 0 $b; do
+          run w2-llama-lof-$b-graphs$m "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --mixed-graph-max-tokens $m --json "$OUT/w2_llama_lof_${b}_graphs$m.json"
+        done
       done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do

@@ -36,6 +36,12 @@ class AttentionMetadata:
     # Host copies, for the reference backend and for launch decisions; never read on the GPU.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Set inside the mixed-step CUDA graphs (runner/mixed_graphs.py), where no launch shape may depend on
+    # the step: the prefill kernel's tile map [2, N] and its q tile height, and [S] each sequence's length
+    # if it is one of the leading decodes, else 0 (the decode kernel's rows).
+    prefill_tiles: torch.Tensor | None = None
+    tile_block_m: int = 0
+    decode_seq_lens: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

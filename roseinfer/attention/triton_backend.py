@@ -61,6 +61,8 @@ class TritonAttentionBackend(AttentionBackend):
                 store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
                 apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
+        if meta.prefill_tiles is not None:
+            return self._fixed_shape_mixed(q, k_cache, v_cache, meta, scale, out)
         # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
         covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
         if covered < num_tokens:
@@ -83,6 +85,39 @@ class TritonAttentionBackend(AttentionBackend):
             first_seq=decodes,  # an offset, not sliced pointers: those would change Triton's specialisation
         )
 
+    def _fixed_shape_mixed(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """A mixed step inside a CUDA graph, its launch shapes fixed by the graph's size: the decode kernel
+        takes the first S rows (length 0, a zero output, past the step's decodes), then the prefill kernel
+        takes the tile map's chunks (overwriting their rows)."""
+        assert meta.decode_seq_lens is not None
+        rows = meta.decode_seq_lens.shape[0]
+        if rows < q.shape[0]:
+            out[rows:].zero_()  # padding rows
+        self._decode(
+            q, k_cache, v_cache, meta, scale, out, rows, meta.max_seq_len, seq_lens=meta.decode_seq_lens
+        )
+        return paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.max_query_len,
+            scale,
+            out=out,
+            block_m=meta.tile_block_m,
+            tiles=meta.prefill_tiles,
+        )
+
     @staticmethod
     def _decode(
         q: torch.Tensor,
@@ -94,16 +129,17 @@ class TritonAttentionBackend(AttentionBackend):
         batch: int,
         max_seq_len: int,
         new_kv: NewTokenKV | None = None,
+        seq_lens: torch.Tensor | None = None,
     ) -> None:
         """Rows 0..batch-1 are sequences 0..batch-1, one new token each (already in the cache unless
-        `new_kv` brings it)."""
+        `new_kv` brings it), of `seq_lens` (default: the step's) keys."""
         num_splits = choose_num_splits(batch, k_cache.shape[2], max_seq_len, q.device)
         paged_decode_attention(
             q[:batch],
             k_cache,
             v_cache,
             meta.block_tables[:batch],
-            meta.seq_lens[:batch],
+            (meta.seq_lens if seq_lens is None else seq_lens)[:batch],
             scale,
             out=out[:batch],
             num_splits=num_splits,

@@ -24,6 +24,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
     device = engine.config.device
     sync(device)
     core.stats.reset()
+    paths_before = dict(core.runner.step_paths)
     with watch_triton_compiles() as compiled:
         t0 = time.perf_counter()
         for prompt, params in zip(workload.prompts, workload.params):
@@ -68,7 +69,9 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
                 "policy": sched.policy,
                 "max_num_batched_tokens": sched.max_num_batched_tokens,
                 "max_num_seqs": sched.max_num_seqs,
+                "mixed_graph_max_tokens": engine.config.mixed_graph_max_tokens,
             },
+            "step_paths": {k: v - paths_before[k] for k, v in core.runner.step_paths.items()},
         },
     )
 
@@ -111,6 +114,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "async_scheduling",
         "fold_norms",
         "admission_policy",
+        "mixed_graph_max_tokens",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -138,6 +142,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--attention-backend", default=None)
     engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument(
+        "--mixed-graph-max-tokens",
+        type=int,
+        default=None,
+        help="steps with prefill work of up to this many tokens replay CUDA graphs (default 512; 0: eager)",
+    )
     engine.add_argument(
         "--admission-policy",
         default=None,

@@ -55,10 +55,17 @@ class RunResult:
         s = self.extra.get("scheduler")
         if s is None:
             return []
-        return [
+        lines = [
             f"Scheduler: {s['policy']}, {s['max_num_batched_tokens']} tokens a step, "
             f"{s['max_num_seqs']} sequences"
         ]
+        paths = self.extra.get("step_paths")
+        if paths:
+            lines.append(
+                f"Steps: {paths['decode_graph']} decode graphs, {paths['mixed_graph']} mixed-step graphs "
+                f"(up to {s.get('mixed_graph_max_tokens', 0)} tokens), {paths['eager']} eager"
+            )
+        return lines
 
     def _compile_line(self) -> list[str]:
         compiled = self.extra.get("triton_compiles")

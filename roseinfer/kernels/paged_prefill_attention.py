@@ -9,6 +9,7 @@ Query row j of sequence i sits at position `seq_lens[i] - q_len_i + j` and sees 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -89,6 +90,8 @@ def _prefill_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     out_ptr,
+    tile_seq_ptr,
+    tile_block_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -111,15 +114,25 @@ def _prefill_kernel(
     EVEN_D: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    TILE_MAP: tl.constexpr,
 ):
-    # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    b = tl.program_id(2) + first_seq
+    if TILE_MAP:
+        # Program t takes the tile the host listed at t (a CUDA graph's fixed grid); -1 marks spare programs.
+        b = tl.load(tile_seq_ptr + tl.program_id(0))
+        m_block = tl.load(tile_block_ptr + tl.program_id(0))
+        live = b >= 0
+        b = tl.maximum(b, 0)
+        m_block = tl.maximum(m_block, 0)
+    else:
+        # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+        b = tl.program_id(2) + first_seq
+        live = True
     kvh = head // GROUP
 
     q_start = tl.load(query_start_loc_ptr + b)
-    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    q_len = tl.where(live, tl.load(query_start_loc_ptr + b + 1) - q_start, 0)
     seq_len = tl.load(seq_lens_ptr + b)
     prefix = seq_len - q_len  # context tokens cached before this chunk
     m0 = m_block * BLOCK_M
@@ -237,12 +250,17 @@ def paged_prefill_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     first_seq: int = 0,
+    tiles: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context plus themselves; [T, Hq, D].
 
     Only sequences `first_seq..B-1` are computed (the others, e.g. decodes, are left to another kernel);
     rows of `q` outside their `query_start_loc` range are not written. `block_m`/`block_n` override the
     tile shape (powers of two >= 16).
+
+    `tiles` ([2, N] int32 from `prefill_tile_map`, built with `block_m`) fixes the grid at N programs per
+    head, whatever the step holds: the launch a CUDA graph can replay. `max_query_len` and `first_seq` are
+    then not read; the tile map names the sequences.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     num_tokens, num_q_heads, q_dim = q.shape
@@ -263,16 +281,24 @@ def paged_prefill_attention(
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
-    if num_tokens == 0 or num_seqs - first_seq <= 0 or max_query_len <= 0:
-        return out
-
     d_pad = max(16, triton.next_power_of_2(head_dim))
     cfg_m, cfg_n, num_warps, num_stages = _prefill_config(d_pad, q.dtype)
-    block_m = block_m or cfg_m
     block_n = block_n or cfg_n
-    # Short chunks (mixed batches of decodes and small prefills) waste most of a big q tile.
-    block_m = max(16, min(block_m, triton.next_power_of_2(max_query_len)))
-    grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
+    if tiles is not None:
+        if block_m is None:
+            raise ValueError("a tile map needs the block_m it was built with")
+        if tiles.dim() != 2 or tiles.shape[0] != 2 or tiles.dtype != torch.int32 or tiles.stride(1) != 1:
+            raise ValueError("tiles must be a [2, N] int32 tensor with contiguous rows")
+        if num_tokens == 0 or tiles.shape[1] == 0:
+            return out
+        grid: tuple[int, ...] = (tiles.shape[1], num_q_heads, 1)
+        tile_seq, tile_block = tiles[0], tiles[1]
+    else:
+        if num_tokens == 0 or num_seqs - first_seq <= 0 or max_query_len <= 0:
+            return out
+        block_m = prefill_block_m(head_dim, q.dtype, max_query_len, block_m)
+        grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
+        tile_seq = tile_block = query_start_loc  # not read
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -281,6 +307,8 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         out,
+        tile_seq,
+        tile_block,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -303,10 +331,40 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
+        TILE_MAP=tiles is not None,
         num_warps=num_warps if block_m >= 64 else 4,
         num_stages=num_stages,
     )
     return out
+
+
+def prefill_block_m(head_dim: int, dtype: torch.dtype, max_query_len: int, block_m: int | None = None) -> int:
+    """The q tile height for chunks of up to `max_query_len` tokens: short chunks (mixed batches of decodes
+    and small prefills) would waste most of a big tile."""
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    block_m = block_m or _prefill_config(d_pad, dtype)[0]
+    return max(16, min(block_m, triton.next_power_of_2(max(1, max_query_len))))
+
+
+def prefill_tile_map(
+    query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int, block_m: int, capacity: int
+) -> np.ndarray:
+    """[2, capacity] int32: the (sequence, q tile) each program of a tile-map launch takes, for sequences
+    `first_seq..`; the tiles with the most keys first, so the launch ends on short programs; -1 pads."""
+    q_lens = np.diff(query_start_loc.astype(np.int64))[first_seq:]
+    counts = -(-q_lens // block_m)
+    total = int(counts.sum())
+    if total > capacity:
+        raise ValueError(f"{total} q tiles exceed the tile map's {capacity}")
+    seq = np.repeat(np.arange(first_seq, first_seq + len(q_lens)), counts)
+    block = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    prefix = seq_lens[first_seq:].astype(np.int64) - q_lens
+    keys = np.repeat(prefix, counts) + np.minimum((block + 1) * block_m, np.repeat(q_lens, counts))
+    order = np.argsort(-keys, kind="stable")
+    tiles = np.full((2, capacity), -1, np.int32)
+    tiles[0, :total] = seq[order]
+    tiles[1, :total] = block[order]
+    return tiles
 
 
 def paged_prefill_attention_ref(

@@ -15,6 +15,7 @@ from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
+from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs
 from roseinfer.runner.sampler import SamplingBatch, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
@@ -74,6 +75,9 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None  # the latest launch's sampled tokens, on the device
         self.copy_staging = Staging(self.device, capacity=1024)
         self.graphs: DecodeGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
+        # Steps launched by each path: decode graph, mixed-step graph, eager.
+        self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0}
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_cache: SamplingBatch | None = None
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
@@ -148,18 +152,37 @@ class ModelRunner:
         hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
         return self.model.compute_logits(hidden)
 
+    def _forward_hidden(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+
     def capture_graphs(self) -> None:
-        """Decode CUDA graphs; only on CUDA with a graph-safe backend and enforce_eager off."""
+        """Decode and mixed-step CUDA graphs; only on CUDA with a graph-safe backend and enforce_eager off."""
         if self.device.type != "cuda" or self.config.enforce_eager or self.backend.name == "torch":
             return
+        sched = self.config.scheduler
         self.graphs = DecodeGraphs(
-            self._forward_logits,
+            self._forward_logits, self.device, sched.max_num_seqs, self.max_blocks_per_seq, self.block_size
+        )
+        self.graphs.capture()
+        max_tokens = min(self.config.mixed_graph_max_tokens, sched.max_num_batched_tokens)
+        if max_tokens > 0:
+            self.mixed_graphs = self.build_mixed_graphs(max_tokens)
+            self.mixed_graphs.capture()
+
+    def build_mixed_graphs(self, max_tokens: int, max_chunks: int = MAX_CHUNKS) -> MixedGraphs:
+        return MixedGraphs(
+            self._forward_hidden,
             self.device,
+            max_tokens,
             self.config.scheduler.max_num_seqs,
             self.max_blocks_per_seq,
             self.block_size,
+            self.cfg.head_dim,
+            self.dtype,
+            max_chunks,
         )
-        self.graphs.capture()
 
     def warm_up(self) -> None:
         """Compile the attention kernel variants later steps could meet first (after allocate_kv_cache)."""
@@ -190,7 +213,10 @@ class ModelRunner:
         with record("prepare_inputs"):
             step = build_host_step(out, self.block_size)
             use_graph = self.graphs is not None and self.graphs.can_run(step)
-            if not use_graph:
+            mixed_size = None
+            if not use_graph and self.mixed_graphs is not None:
+                mixed_size = self.mixed_graphs.size_for(step)
+            if not use_graph and mixed_size is None:
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled)
             rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
             reqs = [out.scheduled[i].request for i in rows]
@@ -205,10 +231,18 @@ class ModelRunner:
                 logits, graph_tokens = self.graphs.run(step, self.last_sampled, temperature, seed)
                 if not in_graph:
                     graph_tokens = None
+                self.step_paths["decode_graph"] += 1
+            elif mixed_size is not None:
+                assert self.mixed_graphs is not None
+                sampled_hidden = self.mixed_graphs.run(step, mixed_size, self.last_sampled)
+                if rows:
+                    logits = self.model.compute_logits(sampled_hidden)
+                self.step_paths["mixed_graph"] += 1
             else:
                 hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
                 if rows:
                     logits = self.model.compute_logits(hidden[logits_index.long()])
+                self.step_paths["eager"] += 1
         if batch is None:
             return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):

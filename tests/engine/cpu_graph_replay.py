@@ -1,12 +1,13 @@
-"""`DecodeGraphs.run` on the CPU: each captured "graph" is a stand-in whose replay runs the graphs' own body
-(pending fill, forward, sampling) on the graph buffers, so the real graph path (one input buffer, padding,
-row gathering, in-graph sampling) is exercised without CUDA."""
+"""`DecodeGraphs.run` and `MixedGraphs.run` on the CPU: each captured "graph" is a stand-in whose replay runs
+the graphs' own body (pending fill, forward, and for decode graphs sampling) on the graph buffers, so the
+real graph path (one input buffer, padding, row gathering, in-graph sampling) is exercised without CUDA."""
 
 from __future__ import annotations
 
 import torch
 
 from roseinfer.runner.cuda_graphs import DecodeGraphs
+from roseinfer.runner.mixed_graphs import MixedGraphs
 
 
 class CpuReplay:
@@ -31,4 +32,31 @@ def cpu_decode_graphs(runner, max_batch: int) -> tuple[DecodeGraphs, dict[int, C
     )
     replays = {size: CpuReplay(graphs, runner, size) for size in graphs.sizes}
     graphs.graphs = {size: (r, r.logits) for size, r in replays.items()}
+    return graphs, replays
+
+
+class CpuMixedReplay:
+    """A mixed-step graph's stand-in: its replay runs the graphs' body on their buffers with the torch
+    backend, which reads host copies of the sequence rows (a real graph's kernels read the tile map)."""
+
+    def __init__(self, graphs: MixedGraphs, size: int, hidden_size: int) -> None:
+        self.graphs, self.size = graphs, size
+        self.hidden = torch.zeros(size, hidden_size)
+        self.replays = 0
+
+    def replay(self) -> None:
+        g, n = self.graphs, self.size
+        s = g._seqs(n)
+        meta = g._meta(n)
+        meta.query_start_loc_cpu = g.query_start_loc[: s + 1].tolist()
+        meta.seq_lens_cpu = g.seq_lens[:s].tolist()
+        self.hidden.copy_(g.body(n, meta))
+        self.replays += 1
+
+
+def cpu_mixed_graphs(runner, max_tokens: int, **kwargs) -> tuple[MixedGraphs, dict[int, CpuMixedReplay]]:
+    """Mixed-step graphs for `runner` up to `max_tokens` whose replays run on the CPU; not yet installed."""
+    graphs = runner.build_mixed_graphs(max_tokens, **kwargs)
+    replays = {size: CpuMixedReplay(graphs, size, runner.cfg.hidden_size) for size in graphs.sizes}
+    graphs.graphs = {size: (r, r.hidden) for size, r in replays.items()}
     return graphs, replays

@@ -115,6 +115,24 @@ def fp32_triton_engine(directory: str, eager: bool, **kwargs) -> LLM:
     )
 
 
+@pytest.mark.parametrize("budget", [7, 64])
+def test_mixed_step_graphs_match_hf_on_gpu(model_dir, budget):
+    """Chunked prefill beside decodes: every step with prefill work replays a mixed-step graph (padded
+    tokens and sequences, decode rows, a prefill tile map), against HF in float32."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=41, lengths=[1, 5, 17, 40, 100, 129])
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    llm = fp32_triton_engine(
+        directory, False, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=budget
+    )
+    assert token_ids(llm, prompts) == want
+    paths = llm.engine.core.runner.step_paths
+    assert paths["mixed_graph"] > 0 and paths["eager"] == 0, paths
+    # A second round hits the prefix cache: chunks start after cached blocks.
+    assert token_ids(llm, prompts) == want
+    assert llm.engine.core.kv.num_hit_tokens > 0
+
+
 def test_batch_of_one_matches_hf_on_gpu(model_dir):
     """One prompt at a time, so every decode step is a batch of one: the fused GEMV path on llama-family
     models, eager and as a CUDA graph."""

@@ -7,9 +7,12 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+import numpy as np  # noqa: E402
+
 from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention,
     paged_prefill_attention_ref,
+    prefill_tile_map,
 )
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
 
@@ -129,6 +132,88 @@ def test_prefill_strided_query() -> None:
     assert_close(paged_prefill_attention(q, *args), paged_prefill_attention_ref(q, *args), torch.float16)
 
 
+def _run_tile_map(
+    q_lens: list[int],
+    prefix_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    block_m: int,
+    first_seq: int,
+    spare: int,
+    block_size: int = 16,
+    pad_rows: int = 0,
+) -> None:
+    """The tile-map launch (a CUDA graph's fixed grid, `spare` idle programs) against the reference, for
+    sequences first_seq.. (the earlier ones are decodes, left to the decode kernel)."""
+    gen = generator("prefill-tiles", q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m)
+    seq_lens = [p + n for p, n in zip(q_lens, prefix_lens, strict=True)]
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    needed = sum(-(-n // block_m) for n in q_lens[first_seq:])
+    host_tiles = prefill_tile_map(starts, np.array(seq_lens), first_seq, block_m, needed + spare)
+    assert (host_tiles[:, needed:] == -1).all() and (host_tiles[:, :needed] >= 0).all()
+    tiles = torch.from_numpy(host_tiles).to(DEVICE)
+    qsl = torch.from_numpy(starts).to(DEVICE)
+    q = randn((int(starts[-1]) + pad_rows, num_heads, head_dim), dtype, gen)
+    args = (
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        qsl,
+        cache.seq_lens,
+        max(q_lens),
+        head_dim**-0.5,
+    )
+    out = torch.full_like(q, float("nan"))
+    # max_query_len and first_seq are deliberately wrong: a tile-map launch must not read them.
+    paged_prefill_attention(q, *args[:5], 1, args[6], out=out, block_m=block_m, tiles=tiles)
+    ref = paged_prefill_attention_ref(q, *args)
+    begin, end = int(starts[first_seq]), int(starts[-1])
+    assert torch.isnan(out[:begin]).all(), "rows of sequences before first_seq were written"
+    assert torch.isnan(out[end:]).all(), "rows outside every sequence were written"
+    if begin < end:
+        assert_close(out[begin:end], ref[begin:end], dtype)
+
+
+@pytest.mark.parametrize(
+    ("q_lens", "prefix_lens", "first_seq"),
+    [
+        ([1, 1, 33, 16, 5], [15, 16, 0, 17, 40], 2),  # decodes first, then chunks at and past tile edges
+        ([17, 1, 9], [0, 31, 64], 0),  # one-token chunk among prefills
+        ([1, 1], [3, 20], 2),  # decodes only: every program spare
+    ],
+    ids=["mixed", "prefills", "decodes-only"],
+)
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_prefill_tile_map_matches_reference(q_lens, prefix_lens, first_seq, block_m) -> None:
+    _run_tile_map(q_lens, prefix_lens, 4, 2, 32, torch.float32, block_m, first_seq, spare=3, pad_rows=2)
+
+
+def test_prefill_tile_map_orders_tiles_and_checks_its_capacity() -> None:
+    starts = np.array([0, 1, 41, 46], np.int32)  # q_lens 1 (a decode), 40, 5
+    seq_lens = np.array([10, 40, 105], np.int32)  # prefixes 9, 0, 100
+    tiles = prefill_tile_map(starts, seq_lens, 1, 16, 6)
+    # Keys each tile reads: seq 2 ends at 105; seq 1's tiles at 40, 32, 16; one spare program.
+    assert tiles.tolist() == [[2, 1, 1, 1, -1, -1], [0, 2, 1, 0, -1, -1]]
+    with pytest.raises(ValueError, match="exceed"):
+        prefill_tile_map(starts, seq_lens, 1, 16, 3)
+    q = torch.zeros((46, 2, 32))
+    with pytest.raises(ValueError, match="block_m"):
+        paged_prefill_attention(
+            q,
+            q.new_zeros(1, 16, 1, 32),
+            q.new_zeros(1, 16, 1, 32),
+            torch.zeros(3, 7, dtype=torch.int32),
+            torch.from_numpy(starts),
+            torch.from_numpy(seq_lens),
+            40,
+            1.0,
+            tiles=torch.from_numpy(tiles),
+        )
+
+
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
 
 
@@ -146,3 +231,20 @@ def test_prefill_gpu(
     q_lens = [1000, 1, 257, 64, 129, 1, 513]
     prefix_lens = [0, 700, 300, 1024, 0, 1, 17]
     _run(q_lens, prefix_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, "gpu", pad_rows=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_m"),
+    [(14, 2, 64, 64), (32, 8, 128, 128), (16, 16, 128, 32)],
+    ids=["qwen0.5b", "llama8b", "mha-m32"],
+)
+def test_prefill_tile_map_gpu(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_m: int
+):
+    q_lens = [1] * 37 + [191, 64, 1, 129, 3]
+    prefix_lens = list(range(100, 137)) + [0, 1024, 5, 300, 2000]
+    _run_tile_map(
+        q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m, 37, spare=40, pad_rows=7
+    )

@@ -251,3 +251,48 @@ def test_warm_up_reads_the_cache_and_writes_nothing() -> None:
     assert torch.equal(kv, before)
     counters = live_counters(torch.device(DEVICE))
     assert counters is None or not counters.any()
+
+
+@pytest.mark.parametrize(
+    "prefix_lens, q_lens, num_pad, num_seqs",
+    [
+        ([20, 33, 0, 5], [1, 1, 7, 1], 4, 6),  # two leading decodes, a prefill, a 1-token chunk; padding
+        ([16, 17, 3, 0], [1, 1, 16, 17], 1, 5),  # decodes at block boundaries, chunks at tile edges
+        ([0, 40], [3, 1], 11, 16),  # no leading decodes; more sequence rows than tokens would need
+        ([9, 30], [1, 1], 2, 4),  # decodes only: every tile spare
+    ],
+)
+def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs) -> None:
+    """The mixed-step graphs' path (every launch shape fixed by the graph's size): padded sequences of
+    length 0, the decode kernel over the first `num_seqs` rows, the prefill kernel over a tile map with
+    spare programs. Same output as the reference; padding rows zero."""
+    import numpy as np
+
+    from roseinfer.kernels.paged_prefill_attention import prefill_tile_map
+
+    gen = generator(f"backend-fixed-{q_lens}")
+    batch = _Batch(prefix_lens, q_lens, num_pad, 6, 2, 32, 16, torch.float32, gen)
+    m, b, t = batch.meta, len(q_lens), batch.q.shape[0]
+    num_seqs = min(num_seqs, t)
+    starts = np.array(m.query_start_loc_cpu + [batch.num_real] * (num_seqs - b), np.int32)
+    seq_lens = np.array(m.seq_lens_cpu + [0] * (num_seqs - b), np.int32)
+    decodes = next((i for i, n in enumerate(q_lens) if n != 1), b)
+    block_m = 16
+    tiles = prefill_tile_map(starts, seq_lens, decodes, block_m, -(-t // block_m) + b)
+    tables = torch.zeros((num_seqs, m.block_tables.shape[1] + 2), dtype=torch.int32, device=DEVICE)
+    tables[:b, : m.block_tables.shape[1]] = m.block_tables
+    batch.meta = AttentionMetadata(
+        slot_mapping=m.slot_mapping,
+        query_start_loc=torch.from_numpy(starts).to(DEVICE),
+        seq_lens=torch.from_numpy(seq_lens).to(DEVICE),
+        block_tables=tables,
+        max_query_len=t,
+        max_seq_len=tables.shape[1] * 16,
+        query_start_loc_cpu=[],  # a graph has no host copies: the path must not read them
+        seq_lens_cpu=[],
+        prefill_tiles=torch.from_numpy(tiles).to(DEVICE),
+        tile_block_m=block_m,
+        decode_seq_lens=torch.from_numpy(np.where(np.arange(num_seqs) < decodes, seq_lens, 0)).to(DEVICE),
+    )
+    out = batch.run()
+    assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))

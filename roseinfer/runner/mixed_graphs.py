@@ -1,0 +1,197 @@
+"""CUDA graphs for steps with prefill work (prompt chunks, alone or beside decodes), captured at start-up
+for a few padded token counts.
+
+Eager, such a step launches every kernel from Python: ~15 ms of host a step for llama-3.1-8b, ~6 ms for
+qwen2.5-0.5b on the H100's host, more than the GPU needs for a step of a few hundred tokens (twelfth
+session). A replay issues the same launches for the price of one call. Every launch shape is fixed by the
+graph's token count T:
+- the step's tokens are padded to T (slot -1: no KV written, a zero attention output);
+- its sequences to S = min(T, max_num_seqs) (no new tokens, length 0);
+- the decode kernel takes the first S rows, with a zero output past the step's leading decodes;
+- the prefill kernel runs a tile map of fixed length, whose spare programs idle.
+
+The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
+sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.paged_prefill_attention import prefill_block_m, prefill_tile_map
+from roseinfer.runner.cuda_graphs import _HostInputs
+from roseinfer.runner.inputs import ALIGN, HostStep
+
+# A graph's tile map holds every tile of T tokens plus one more per prompt chunk, for this many chunks.
+MAX_CHUNKS = 64
+
+# The int32 rows of the input buffer: per token (T_max + 1: a scratch entry), then per sequence (S_max + 1).
+TOKEN_ROWS = ("ids", "positions", "slots")
+SEQ_ROWS = ("query_start_loc", "seq_lens", "decode_seq_lens", "fill_index", "fill_row", "logits_index")
+
+
+def mixed_graph_sizes(max_tokens: int) -> list[int]:
+    """Padded token counts up to `max_tokens` (0: none); the gaps widen with the step's GPU time."""
+    if max_tokens <= 0:
+        return []
+    sizes = [16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+    sizes += list(range(320, 1025, 64)) + list(range(1152, 2049, 128)) + list(range(2304, 8193, 256))
+    return [s for s in sizes if s < max_tokens] + [max_tokens]
+
+
+def _leading_decodes(q_lens: np.ndarray) -> int:
+    """How many sequences at the front have one new token (decode-first puts the decodes there)."""
+    return len(q_lens) if (q_lens == 1).all() else int(np.argmax(q_lens != 1))
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class MixedGraphs:
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
+        device: torch.device,
+        max_tokens: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        max_chunks: int = MAX_CHUNKS,
+    ) -> None:
+        self.forward = forward  # (ids, positions, meta) -> hidden [T, H]
+        self.device = device
+        self.sizes = mixed_graph_sizes(max_tokens)
+        self.max_tokens = self.sizes[-1] if self.sizes else 0
+        self.max_num_seqs = max_num_seqs
+        self.width = max_blocks_per_seq
+        self.block_size = block_size
+        self.block_m = {t: prefill_block_m(head_dim, dtype, t) for t in self.sizes}
+        self.num_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
+        t_max, s_max = self.max_tokens, self._seqs(self.max_tokens)
+        self.token_stride, self.seq_stride = _aligned(t_max + 1), _aligned(s_max + 1)
+        self.tiles_at = len(TOKEN_ROWS) * self.token_stride + len(SEQ_ROWS) * self.seq_stride
+        tiles_stride = _aligned(max(self.num_tiles.values(), default=0))
+        self.tables_at = self.tiles_at + 2 * tiles_stride
+        numel = self.tables_at + s_max * self.width
+        self.inputs = torch.zeros(numel, dtype=torch.int32, device=device)
+        tokens = self.inputs[: len(TOKEN_ROWS) * self.token_stride].view(len(TOKEN_ROWS), -1)
+        self.ids, self.positions, self.slots = tokens
+        seqs = self.inputs[tokens.numel() : self.tiles_at].view(len(SEQ_ROWS), -1)
+        self.query_start_loc, self.seq_lens, self.decode_seq_lens = seqs[0], seqs[1], seqs[2]
+        self.fill_index, self.fill_row, self.logits_index = seqs[3], seqs[4], seqs[5]
+        self.tiles = self.inputs[self.tiles_at : self.tables_at].view(2, tiles_stride)
+        self.tiles.fill_(-1)
+        self.slots.fill_(-1)  # the warm-up and capture forwards write no KV
+        self.block_tables = torch.zeros(s_max, self.width, dtype=torch.int32, device=device)
+        self.prev = torch.zeros(s_max, dtype=torch.int32, device=device)  # the previous step's tokens
+        pin = device.type == "cuda"
+        self._hosts = (_HostInputs(numel, pin), _HostInputs(numel, pin))
+        self._num_runs = 0
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _seqs(self, tokens: int) -> int:
+        return min(tokens, self.max_num_seqs)
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        s = self._seqs(size)
+        return AttentionMetadata(
+            slot_mapping=self.slots[:size],
+            query_start_loc=self.query_start_loc[: s + 1],
+            seq_lens=self.seq_lens[:s],
+            block_tables=self.block_tables[:s],
+            max_query_len=size,
+            max_seq_len=self.width * self.block_size,  # launch shapes for the longest context
+            query_start_loc_cpu=[],  # no host copies: nothing in a graph may read them
+            seq_lens_cpu=[],
+            prefill_tiles=self.tiles[:, : self.num_tiles[size]],
+            tile_block_m=self.block_m[size],
+            decode_seq_lens=self.decode_seq_lens[:s],
+        )
+
+    def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
+        """What a graph of `size` tokens runs: fill the pending ids, forward; returns the hidden states."""
+        s = self._seqs(size)
+        self.ids[self.fill_index[:s].long()] = self.prev[self.fill_row[:s].long()]
+        return self.forward(self.ids[:size], self.positions[:size], meta)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
+            meta = self._meta(size)
+            self.body(size, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                hidden = self.body(size, meta)
+            pool = graph.pool()
+            self.graphs[size] = (graph, hidden)
+        torch.cuda.synchronize(self.device)
+
+    def size_for(self, step: HostStep) -> int | None:
+        """The smallest captured size that holds the step, or None (run it eagerly)."""
+        if not self.graphs or step.num_tokens > self.max_tokens or step.max_query_len <= 1:
+            return None
+        size = self.sizes[bisect.bisect_left(self.sizes, step.num_tokens)]
+        s = self._seqs(size)
+        if step.num_seqs > s or len(step.fill_index) > s or len(step.logits_index) > s:
+            return None
+        if step.block_tables.shape[1] > self.width:
+            return None
+        if len(step.fill_row) and int(step.fill_row.max()) >= len(self.prev):
+            return None
+        q_lens = np.diff(step.query_start_loc)
+        chunks = q_lens[_leading_decodes(q_lens) :]
+        if int((-(-chunks // self.block_m[size])).sum()) > self.num_tiles[size]:
+            return None
+        return size
+
+    def run(self, step: HostStep, size: int, prev_sampled: torch.Tensor | None) -> torch.Tensor:
+        """Replays the graph of `size` tokens (from `size_for`); returns the hidden states of the sampled
+        rows [R, H], gathered eagerly after the replay."""
+        b, t, f, r = step.num_seqs, step.num_tokens, len(step.fill_index), len(step.logits_index)
+        s = self._seqs(size)
+        host = self._hosts[self._num_runs % 2]  # the other one may still feed a queued step
+        self._num_runs += 1
+        buf = host.claim()
+        tokens = buf[: len(TOKEN_ROWS) * self.token_stride].reshape(len(TOKEN_ROWS), -1)
+        for i, values, pad in ((0, step.input_ids, 0), (1, step.positions, 0), (2, step.slot_mapping, -1)):
+            tokens[i, :t] = values
+            tokens[i, t:size] = pad
+        seqs = buf[tokens.size : self.tiles_at].reshape(len(SEQ_ROWS), -1)
+        seqs[0, : b + 1] = step.query_start_loc
+        seqs[0, b + 1 : s + 1] = t  # padding sequences: no new tokens
+        seqs[1, :b] = step.seq_lens
+        seqs[1, b:s] = 0
+        decodes = _leading_decodes(np.diff(step.query_start_loc))
+        seqs[2, :decodes] = step.seq_lens[:decodes]
+        seqs[2, decodes:s] = 0
+        seqs[3, :f], seqs[3, f:s] = step.fill_index, self.max_tokens  # the scratch entry
+        seqs[4, :f], seqs[4, f:s] = step.fill_row, 0
+        seqs[5, :r] = step.logits_index
+        tiles = buf[self.tiles_at : self.tables_at].reshape(2, -1)
+        n = self.num_tiles[size]
+        tiles[:, :n] = prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, self.block_m[size], n)
+        w = step.block_tables.shape[1]
+        end = self.tables_at + b * w
+        buf[self.tables_at : end] = step.block_tables.ravel()
+        self.inputs[:end].copy_(host.tensor[:end], non_blocking=True)
+        if host.copied is not None:
+            host.copied.record()
+        self.block_tables[:b, :w].copy_(self.inputs[self.tables_at : end].view(b, w))
+        if f:
+            if prev_sampled is None:
+                raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
+            k = min(len(prev_sampled), len(self.prev))  # size_for: no fill reads a row past these
+            self.prev[:k].copy_(prev_sampled[:k])
+        graph, hidden = self.graphs[size]
+        graph.replay()
+        return hidden[self.logits_index[:r].long()]

@@ -1,0 +1,108 @@
+"""Steps with prefill work replay the mixed-step graphs: the same tokens as eager, sync and async, beside
+the decode graphs; steps a graph cannot hold run eagerly. On the CPU with stand-in replays that run the
+graphs' own body on their buffers (tests/engine/cpu_graph_replay.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roseinfer import LLM, SamplingParams
+from roseinfer.config import EngineConfig
+from roseinfer.runner.inputs import HostStep
+from roseinfer.runner.mixed_graphs import mixed_graph_sizes
+from tests.engine.cpu_graph_replay import cpu_decode_graphs, cpu_mixed_graphs
+from tests.engine.test_async_scheduling import PROMPTS, assert_clean, greedy, make, token_ids
+
+
+def with_graphs(llm: LLM, max_tokens: int, decode_graphs: bool = True, **kwargs) -> dict:
+    runner = llm.engine.core.runner
+    if decode_graphs:
+        runner.graphs, _ = cpu_decode_graphs(runner, 8)
+    runner.mixed_graphs, replays = cpu_mixed_graphs(runner, max_tokens, **kwargs)
+    return replays
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("budget", [5, 16, 24])
+def test_mixed_graphs_give_eager_tokens(llama_dir, async_scheduling, budget):
+    params = greedy(12)
+    want = token_ids(
+        make(llama_dir, False, max_num_batched_tokens=budget).generate(PROMPTS, params, use_tqdm=False)
+    )
+    llm = make(llama_dir, async_scheduling, max_num_batched_tokens=budget)
+    replays = with_graphs(llm, 20)
+    assert token_ids(llm.generate(PROMPTS, params, use_tqdm=False)) == want
+    paths = llm.engine.core.runner.step_paths
+    assert paths["mixed_graph"] > 0 and paths["decode_graph"] > 0
+    assert sum(r.replays for r in replays.values()) == paths["mixed_graph"]
+    if budget == 24:  # the first step (24 tokens after prefix hits) is larger than any graph
+        assert paths["eager"] > 0
+    assert_clean(llm)
+
+
+def test_mixed_graphs_alone_and_with_sampling_outside(llama_dir):
+    """Without decode graphs every step with prefill work, and the pending ids it feeds from eagerly sampled
+    steps; seeded and n > 1 rows are sampled outside the graph as in eager."""
+    params = [SamplingParams(temperature=1.0, max_tokens=8, seed=i, n=1 + i % 3) for i in range(len(PROMPTS))]
+    want = token_ids(
+        make(llama_dir, True, max_num_batched_tokens=7).generate(PROMPTS, params, use_tqdm=False)
+    )
+    llm = make(llama_dir, True, max_num_batched_tokens=7)
+    with_graphs(llm, 16, decode_graphs=False)
+    assert token_ids(llm.generate(PROMPTS, params, use_tqdm=False)) == want
+    assert llm.engine.core.runner.step_paths["mixed_graph"] > 0
+    assert_clean(llm)
+
+
+def test_prefix_hits_and_preemption_in_mixed_graphs(llama_dir):
+    shared = [[5, 6, 7, 8, 9, 10, 11, 12, 13] + p for p in PROMPTS]
+    kw = dict(cpu_kv_tokens=96, max_num_batched_tokens=12)
+    want = token_ids(make(llama_dir, False, **kw).generate(shared, greedy(24), use_tqdm=False))
+    llm = make(llama_dir, True, **kw)
+    with_graphs(llm, 16)
+    assert token_ids(llm.generate(shared, greedy(24), use_tqdm=False)) == want
+    assert llm.engine.core.scheduler.num_preemptions > 0
+    assert llm.engine.core.runner.step_paths["mixed_graph"] > 0
+    assert_clean(llm)
+
+
+def _step(q_lens: list[int], width: int = 2) -> HostStep:
+    i32 = np.int32
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(i32)
+    t, b = int(qsl[-1]), len(q_lens)
+    return HostStep(
+        input_ids=np.zeros(t, i32),
+        positions=np.zeros(t, i32),
+        slot_mapping=np.zeros(t, i32),
+        query_start_loc=qsl,
+        seq_lens=np.array(q_lens, i32),
+        block_tables=np.zeros((b, width), i32),
+        max_query_len=max(q_lens),
+        logits_index=(qsl[1:] - 1).astype(i32),
+    )
+
+
+def test_size_for_sends_what_a_graph_cannot_hold_to_eager(llama_dir):
+    llm = make(llama_dir, True, max_num_seqs=4)
+    runner = llm.engine.core.runner
+    graphs, _ = cpu_mixed_graphs(runner, 32, max_chunks=2)
+    assert graphs.sizes == [16, 32]
+    assert graphs.size_for(_step([1, 1, 5])) == 16
+    assert graphs.size_for(_step([1, 9, 9])) == 32  # 19 tokens: the next size up
+    assert graphs.size_for(_step([1, 1])) is None  # decode only: the decode graphs' step
+    assert graphs.size_for(_step([30, 3])) is None  # 33 tokens
+    assert graphs.size_for(_step([1, 1, 1, 1, 2])) is None  # 5 sequences
+    # 16 tokens hold one 16-row q tile, plus one per chunk for two chunks: 4 chunks need 4 tiles
+    assert graphs.size_for(_step([2, 2, 2, 2])) is None
+    assert graphs.size_for(_step([2, 2, 2])) == 16
+    assert graphs.size_for(_step([3, 2], width=runner.max_blocks_per_seq + 1)) is None
+
+
+def test_graph_sizes_and_config():
+    assert mixed_graph_sizes(0) == []
+    assert mixed_graph_sizes(100) == [16, 32, 48, 64, 96, 100]
+    sizes = mixed_graph_sizes(8192)
+    assert sizes == sorted(set(sizes)) and sizes[-1] == 8192
+    with pytest.raises(ValueError, match="mixed_graph_max_tokens"):
+        EngineConfig.__post_init__(type("C", (), {"mixed_graph_max_tokens": -1})())
