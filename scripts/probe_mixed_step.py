@@ -1,4 +1,5 @@
-"""Is a mixed step (decodes + a prefill chunk, run eagerly) bound by the host or by the GPU?
+"""Is a mixed step (decodes + a prefill chunk, run eagerly unless `--mixed-graph-max-tokens` > 0) bound
+by the host or by the GPU?
 
 Runs a workload on the real engine for `--skip` steps (printing their wall time 100 steps at a time),
 then times `--steps` more: wall time per step and the host's time in `launch`, then the kernel time per
@@ -42,6 +43,12 @@ def main() -> None:
         "--warmup", action="store_true", help="first run the bench's warm-up (4-token outputs)"
     )
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--mixed-graph-max-tokens",
+        type=int,
+        default=0,
+        help="replay mixed steps as CUDA graphs (default 0: eager)",
+    )
     args = parser.parse_args()
 
     config, path = make_engine_config(
@@ -52,6 +59,7 @@ def main() -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         admission_policy=args.admission_policy,
         enable_prefix_caching=not args.no_prefix_caching,
+        mixed_graph_max_tokens=args.mixed_graph_max_tokens,
     )
     engine = LLMEngine(config, path)
     workload = build_workload(args.workload, engine.model_config.vocab_size)
