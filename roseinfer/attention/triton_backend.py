@@ -62,16 +62,17 @@ class TritonAttentionBackend(AttentionBackend):
             else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
                 apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
         if meta.prefill_tiles is not None:
-            return self._fixed_shape_mixed(q, k_cache, v_cache, meta, scale, out)
-        # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
-        covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
-        if covered < num_tokens:
-            out[covered:].zero_()
-        # The decodes at the front take the decode kernel: in the prefill kernel each would fill a q tile
-        # as tall as the longest chunk of the step with one real row.
-        decodes, longest = meta.leading_decodes
-        if decodes:
-            self._decode(q, k_cache, v_cache, meta, scale, out, decodes, longest)
+            first_seq = self._fixed_shape_decodes(q, k_cache, v_cache, meta, scale, out)
+        else:
+            # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
+            covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
+            if covered < num_tokens:
+                out[covered:].zero_()
+            # The decodes at the front take the decode kernel: in the prefill kernel each would fill a q
+            # tile as tall as the longest chunk of the step with one real row.
+            first_seq, longest = meta.leading_decodes
+            if first_seq:
+                self._decode(q, k_cache, v_cache, meta, scale, out, first_seq, longest)
         return paged_prefill_attention(
             q,
             k_cache,
@@ -82,10 +83,12 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_query_len,
             scale,
             out=out,
-            first_seq=decodes,  # an offset, not sliced pointers: those would change Triton's specialisation
+            block_m=meta.tile_block_m or None,
+            first_seq=first_seq,  # an offset, not sliced pointers: those would change Triton's specialisation
+            tiles=meta.prefill_tiles,
         )
 
-    def _fixed_shape_mixed(
+    def _fixed_shape_decodes(
         self,
         q: torch.Tensor,
         k_cache: torch.Tensor,
@@ -93,10 +96,10 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
-    ) -> torch.Tensor:
-        """A mixed step inside a CUDA graph, its launch shapes fixed by the graph's size: the decode kernel
-        takes the first S rows (length 0, a zero output, past the step's decodes), then the prefill kernel
-        takes the tile map's chunks (overwriting their rows)."""
+    ) -> int:
+        """The decodes of a mixed step inside a CUDA graph, where launch shapes are fixed by the graph's size:
+        the decode kernel takes the first S rows (length 0, a zero output, past the step's decodes); the
+        prefill kernel's tile map then names the chunks, whose rows it overwrites. Returns its first_seq."""
         assert meta.decode_seq_lens is not None
         rows = meta.decode_seq_lens.shape[0]
         if rows < q.shape[0]:
@@ -104,19 +107,7 @@ class TritonAttentionBackend(AttentionBackend):
         self._decode(
             q, k_cache, v_cache, meta, scale, out, rows, meta.max_seq_len, seq_lens=meta.decode_seq_lens
         )
-        return paged_prefill_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.block_tables,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.max_query_len,
-            scale,
-            out=out,
-            block_m=meta.tile_block_m,
-            tiles=meta.prefill_tiles,
-        )
+        return 0  # not read with a tile map
 
     @staticmethod
     def _decode(

@@ -50,7 +50,32 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Te
     return torch.where(temperature > 0, noisy, scores.argmax(dim=-1))
 
 
-class _HostInputs:
+@torch.inference_mode()
+def capture_graphs(
+    sizes: list[int],
+    meta: Callable[[int], AttentionMetadata],
+    body: Callable[[int, AttentionMetadata], torch.Tensor],
+    device: torch.device,
+) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+    """One graph of `body(size, meta(size))` per size, each after an eager warm-up (Triton compiles, cuBLAS
+    picks its kernels); largest first, so that the smaller ones reuse its memory pool. Maps each size to
+    its graph and the output tensor its replays write."""
+    graphs = {}
+    pool = None
+    for size in reversed(sizes):
+        m = meta(size)
+        body(size, m)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = body(size, m)
+        pool = graph.pool()
+        graphs[size] = (graph, out)
+    torch.cuda.synchronize(device)
+    return graphs
+
+
+class HostInputs:
     """A pinned host mirror of the graphs' input buffer; rewritten only once its last copy has run."""
 
     def __init__(self, numel: int, pin: bool) -> None:
@@ -62,6 +87,19 @@ class _HostInputs:
         if self.copied is not None:
             self.copied.synchronize()
         return self.array
+
+    def send(
+        self, inputs: torch.Tensor, tables_at: int, tables: np.ndarray, block_tables: torch.Tensor
+    ) -> None:
+        """Packs the step's block table [b, w] after the rows at `tables_at`, copies both to the device buffer
+        `inputs` in one copy, and unpacks the table into the graphs' `block_tables` [B, W]."""
+        b, w = tables.shape
+        end = tables_at + b * w
+        self.array[tables_at:end] = tables.ravel()
+        inputs[:end].copy_(self.tensor[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        block_tables[:b, :w].copy_(inputs[tables_at:end].view(b, w))
 
 
 class DecodeGraphs:
@@ -98,7 +136,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(g, w, **i32)
         self.tokens = torch.zeros(g, **i32)  # each replay's sampled tokens; the next replay's pending ids
         pin = device.type == "cuda"
-        self._hosts = (_HostInputs(numel, pin), _HostInputs(numel, pin))
+        self._hosts = (HostInputs(numel, pin), HostInputs(numel, pin))
         self._num_runs = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
@@ -121,19 +159,8 @@ class DecodeGraphs:
         self.tokens[:size].copy_(self.sampler(logits, self.temperature[:size], self.seeds[:size]))
         return logits
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = None
-        for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-            meta = self._meta(size)
-            self.body(size, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self.body(size, meta)
-            pool = graph.pool()
-            self.graphs[size] = (graph, logits)
-        torch.cuda.synchronize(self.device)
+        self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device)
 
     def can_run(self, step: HostStep) -> bool:
         return (
@@ -160,7 +187,6 @@ class DecodeGraphs:
         if temperature is not None and len(temperature) != b:
             raise ValueError(f"{len(temperature)} temperatures for {b} rows: the graph samples one per row")
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
-        w = step.block_tables.shape[1]
         host = self._hosts[self._num_runs % 2]  # the other one may still feed a queued step
         self._num_runs += 1
         buf = host.claim()
@@ -184,12 +210,7 @@ class DecodeGraphs:
             rows[7, b:size] = 0
             seeds = rows[SEEDS_ROW : SEEDS_ROW + 2].reshape(-1).view(np.int64)
             seeds[:b] = np.arange(seed, seed + b, dtype=np.int64)
-        end = self.tables_at + b * w
-        buf[self.tables_at : end] = step.block_tables.ravel()
-        self.inputs[:end].copy_(host.tensor[:end], non_blocking=True)
-        if host.copied is not None:
-            host.copied.record()
-        self.block_tables[:b, :w].copy_(self.inputs[self.tables_at : end].view(b, w))
+        host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)
         if f:
             if prev_sampled is None:
                 raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")

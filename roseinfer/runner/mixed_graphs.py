@@ -24,7 +24,7 @@ import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.paged_prefill_attention import prefill_block_m, prefill_tile_map
-from roseinfer.runner.cuda_graphs import _HostInputs
+from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
 from roseinfer.runner.inputs import ALIGN, HostStep
 
 # A graph's tile map holds every tile of T tokens plus one more per prompt chunk, for this many chunks.
@@ -93,7 +93,7 @@ class MixedGraphs:
         self.block_tables = torch.zeros(s_max, self.width, dtype=torch.int32, device=device)
         self.prev = torch.zeros(s_max, dtype=torch.int32, device=device)  # the previous step's tokens
         pin = device.type == "cuda"
-        self._hosts = (_HostInputs(numel, pin), _HostInputs(numel, pin))
+        self._hosts = (HostInputs(numel, pin), HostInputs(numel, pin))
         self._num_runs = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
@@ -122,19 +122,8 @@ class MixedGraphs:
         self.ids[self.fill_index[:s].long()] = self.prev[self.fill_row[:s].long()]
         return self.forward(self.ids[:size], self.positions[:size], meta)
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        pool = None
-        for size in reversed(self.sizes):  # largest first: the smaller ones reuse its memory pool
-            meta = self._meta(size)
-            self.body(size, meta)  # warm-up: Triton compiles, cuBLAS picks its kernels
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                hidden = self.body(size, meta)
-            pool = graph.pool()
-            self.graphs[size] = (graph, hidden)
-        torch.cuda.synchronize(self.device)
+        self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device)
 
     def size_for(self, step: HostStep) -> int | None:
         """The smallest captured size that holds the step, or None (run it eagerly)."""
@@ -180,13 +169,7 @@ class MixedGraphs:
         tiles = buf[self.tiles_at : self.tables_at].reshape(2, -1)
         n = self.num_tiles[size]
         tiles[:, :n] = prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, self.block_m[size], n)
-        w = step.block_tables.shape[1]
-        end = self.tables_at + b * w
-        buf[self.tables_at : end] = step.block_tables.ravel()
-        self.inputs[:end].copy_(host.tensor[:end], non_blocking=True)
-        if host.copied is not None:
-            host.copied.record()
-        self.block_tables[:b, :w].copy_(self.inputs[self.tables_at : end].view(b, w))
+        host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)
         if f:
             if prev_sampled is None:
                 raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
