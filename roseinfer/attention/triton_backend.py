@@ -62,7 +62,8 @@ class TritonAttentionBackend(AttentionBackend):
             else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
                 apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
         if meta.prefill_tiles is not None:
-            first_seq = self._fixed_shape_decodes(q, k_cache, v_cache, meta, scale, out)
+            self._fixed_shape_decodes(q, k_cache, v_cache, meta, scale, out)
+            first_seq = 0  # not read: the tile map names the sequences
         else:
             # Rows past the last sequence's tokens (padding) are not written by the kernels: zero them.
             covered = meta.query_start_loc_cpu[-1] if meta.query_start_loc_cpu else 0
@@ -96,10 +97,10 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
-    ) -> int:
+    ) -> None:
         """The decodes of a mixed step inside a CUDA graph, where launch shapes are fixed by the graph's size:
         the decode kernel takes the first S rows (length 0, a zero output, past the step's decodes); the
-        prefill kernel's tile map then names the chunks, whose rows it overwrites. Returns its first_seq."""
+        prefill kernel's tile map then names the chunks, whose rows it overwrites."""
         assert meta.decode_seq_lens is not None
         rows = meta.decode_seq_lens.shape[0]
         if rows < q.shape[0]:
@@ -107,7 +108,6 @@ class TritonAttentionBackend(AttentionBackend):
         self._decode(
             q, k_cache, v_cache, meta, scale, out, rows, meta.max_seq_len, seq_lens=meta.decode_seq_lens
         )
-        return 0  # not read with a tile map
 
     @staticmethod
     def _decode(

@@ -9,7 +9,6 @@ Query row j of sequence i sits at position `seq_lens[i] - q_len_i + j` and sees 
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -20,8 +19,8 @@ from roseinfer.kernels._common import (
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
-    is_interpret,
 )
+from roseinfer.kernels.prefill_plan import prefill_block_m, prefill_config
 
 
 @triton.jit
@@ -223,20 +222,6 @@ def _prefill_kernel(
     )
 
 
-def _prefill_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
-    if is_interpret():
-        return 16, 16, 4, 1
-    if dtype == torch.float32:
-        return 64, 32, 4, 2
-    # Swept on H100 (bf16, 4 x 2k tokens, block size 16): ~250 TFLOP/s at D=64, ~305 at D=128.
-    if head_dim_pad <= 64:
-        return 64, 64, 4, 2
-    if head_dim_pad <= 128:
-        return 128, 32, 8, 2
-    return 64, 32, 8, 2
-
-
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -282,7 +267,7 @@ def paged_prefill_attention(
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, num_warps, num_stages = _prefill_config(d_pad, q.dtype)
+    cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype)
     block_n = block_n or cfg_n
     if tiles is not None:
         if block_m is None:
@@ -336,35 +321,6 @@ def paged_prefill_attention(
         num_stages=num_stages,
     )
     return out
-
-
-def prefill_block_m(head_dim: int, dtype: torch.dtype, max_query_len: int, block_m: int | None = None) -> int:
-    """The q tile height for chunks of up to `max_query_len` tokens: short chunks (mixed batches of decodes
-    and small prefills) would waste most of a big tile."""
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    block_m = block_m or _prefill_config(d_pad, dtype)[0]
-    return max(16, min(block_m, triton.next_power_of_2(max(1, max_query_len))))
-
-
-def prefill_tile_map(
-    query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int, block_m: int, capacity: int
-) -> np.ndarray:
-    """[2, capacity] int32: the (sequence, q tile) each program of a tile-map launch takes, for sequences
-    `first_seq..`; the tiles with the most keys first, so the launch ends on short programs; -1 pads."""
-    q_lens = np.diff(query_start_loc.astype(np.int64))[first_seq:]
-    counts = -(-q_lens // block_m)
-    total = int(counts.sum())
-    if total > capacity:
-        raise ValueError(f"{total} q tiles exceed the tile map's {capacity}")
-    seq = np.repeat(np.arange(first_seq, first_seq + len(q_lens)), counts)
-    block = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    prefix = seq_lens[first_seq:].astype(np.int64) - q_lens
-    keys = np.repeat(prefix, counts) + np.minimum((block + 1) * block_m, np.repeat(q_lens, counts))
-    order = np.argsort(-keys, kind="stable")
-    tiles = np.full((2, capacity), -1, np.int32)
-    tiles[0, :total] = seq[order]
-    tiles[1, :total] = block[order]
-    return tiles
 
 
 def paged_prefill_attention_ref(

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
-from roseinfer.kernels.paged_prefill_attention import prefill_block_m, prefill_tile_map
+from roseinfer.kernels.prefill_plan import prefill_block_m, prefill_tile_map
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
 from roseinfer.runner.inputs import ALIGN, HostStep
 
@@ -42,6 +43,12 @@ def mixed_graph_sizes(max_tokens: int) -> list[int]:
     sizes = [16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
     sizes += list(range(320, 1025, 64)) + list(range(1152, 2049, 128)) + list(range(2304, 8193, 256))
     return [s for s in sizes if s < max_tokens] + [max_tokens]
+
+
+class MixedPlan(NamedTuple):
+    size: int  # the graph's token count
+    decodes: int  # the step's leading decodes
+    tiles: np.ndarray  # the prefill kernel's tile map [2, N]
 
 
 def _leading_decodes(q_lens: np.ndarray) -> int:
@@ -125,8 +132,9 @@ class MixedGraphs:
     def capture(self) -> None:
         self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device)
 
-    def size_for(self, step: HostStep) -> int | None:
-        """The smallest captured size that holds the step, or None (run it eagerly)."""
+    def plan(self, step: HostStep) -> MixedPlan | None:
+        """The smallest captured graph that holds the step, with the step's decodes and tile map; None: run
+        the step eagerly."""
         if not self.graphs or step.num_tokens > self.max_tokens or step.max_query_len <= 1:
             return None
         size = self.sizes[bisect.bisect_left(self.sizes, step.num_tokens)]
@@ -138,14 +146,18 @@ class MixedGraphs:
         if len(step.fill_row) and int(step.fill_row.max()) >= len(self.prev):
             return None
         q_lens = np.diff(step.query_start_loc)
-        chunks = q_lens[_leading_decodes(q_lens) :]
-        if int((-(-chunks // self.block_m[size])).sum()) > self.num_tiles[size]:
+        decodes = _leading_decodes(q_lens)
+        block_m, n = self.block_m[size], self.num_tiles[size]
+        if int((-(-q_lens[decodes:] // block_m)).sum()) > n:
             return None
-        return size
+        return MixedPlan(
+            size, decodes, prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
+        )
 
-    def run(self, step: HostStep, size: int, prev_sampled: torch.Tensor | None) -> torch.Tensor:
-        """Replays the graph of `size` tokens (from `size_for`); returns the hidden states of the sampled
-        rows [R, H], gathered eagerly after the replay."""
+    def run(self, step: HostStep, plan: MixedPlan, prev_sampled: torch.Tensor | None) -> torch.Tensor:
+        """Replays the graph `plan` names; returns the hidden states of the sampled rows [R, H], gathered
+        eagerly after the replay."""
+        size, decodes = plan.size, plan.decodes
         b, t, f, r = step.num_seqs, step.num_tokens, len(step.fill_index), len(step.logits_index)
         s = self._seqs(size)
         host = self._hosts[self._num_runs % 2]  # the other one may still feed a queued step
@@ -160,20 +172,18 @@ class MixedGraphs:
         seqs[0, b + 1 : s + 1] = t  # padding sequences: no new tokens
         seqs[1, :b] = step.seq_lens
         seqs[1, b:s] = 0
-        decodes = _leading_decodes(np.diff(step.query_start_loc))
         seqs[2, :decodes] = step.seq_lens[:decodes]
         seqs[2, decodes:s] = 0
         seqs[3, :f], seqs[3, f:s] = step.fill_index, self.max_tokens  # the scratch entry
         seqs[4, :f], seqs[4, f:s] = step.fill_row, 0
         seqs[5, :r] = step.logits_index
         tiles = buf[self.tiles_at : self.tables_at].reshape(2, -1)
-        n = self.num_tiles[size]
-        tiles[:, :n] = prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, self.block_m[size], n)
+        tiles[:, : plan.tiles.shape[1]] = plan.tiles
         host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)
         if f:
             if prev_sampled is None:
                 raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
-            k = min(len(prev_sampled), len(self.prev))  # size_for: no fill reads a row past these
+            k = min(len(prev_sampled), len(self.prev))  # plan: no fill reads a row past these
             self.prev[:k].copy_(prev_sampled[:k])
         graph, hidden = self.graphs[size]
         graph.replay()

@@ -213,10 +213,10 @@ class ModelRunner:
         with record("prepare_inputs"):
             step = build_host_step(out, self.block_size)
             use_graph = self.graphs is not None and self.graphs.can_run(step)
-            mixed_size = None
+            mixed = None
             if not use_graph and self.mixed_graphs is not None:
-                mixed_size = self.mixed_graphs.size_for(step)
-            if not use_graph and mixed_size is None:
+                mixed = self.mixed_graphs.plan(step)
+            if not use_graph and mixed is None:
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled)
             rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
             reqs = [out.scheduled[i].request for i in rows]
@@ -232,9 +232,9 @@ class ModelRunner:
                 if not in_graph:
                     graph_tokens = None
                 self.step_paths["decode_graph"] += 1
-            elif mixed_size is not None:
+            elif mixed is not None:
                 assert self.mixed_graphs is not None
-                sampled_hidden = self.mixed_graphs.run(step, mixed_size, self.last_sampled)
+                sampled_hidden = self.mixed_graphs.run(step, mixed, self.last_sampled)
                 if rows:
                     logits = self.model.compute_logits(sampled_hidden)
                 self.step_paths["mixed_graph"] += 1

@@ -83,20 +83,20 @@ def _step(q_lens: list[int], width: int = 2) -> HostStep:
     )
 
 
-def test_size_for_sends_what_a_graph_cannot_hold_to_eager(llama_dir):
+def test_plan_sends_what_a_graph_cannot_hold_to_eager(llama_dir):
     llm = make(llama_dir, True, max_num_seqs=4)
     runner = llm.engine.core.runner
     graphs, _ = cpu_mixed_graphs(runner, 32, max_chunks=2)
     assert graphs.sizes == [16, 32]
-    assert graphs.size_for(_step([1, 1, 5])) == 16
-    assert graphs.size_for(_step([1, 9, 9])) == 32  # 19 tokens: the next size up
-    assert graphs.size_for(_step([1, 1])) is None  # decode only: the decode graphs' step
-    assert graphs.size_for(_step([30, 3])) is None  # 33 tokens
-    assert graphs.size_for(_step([1, 1, 1, 1, 2])) is None  # 5 sequences
+    assert graphs.plan(_step([1, 1, 5])).size == 16
+    assert graphs.plan(_step([1, 9, 9])).size == 32  # 19 tokens: the next size up
+    assert graphs.plan(_step([1, 1])) is None  # decode only: the decode graphs' step
+    assert graphs.plan(_step([30, 3])) is None  # 33 tokens
+    assert graphs.plan(_step([1, 1, 1, 1, 2])) is None  # 5 sequences
     # 16 tokens hold one 16-row q tile, plus one per chunk for two chunks: 4 chunks need 4 tiles
-    assert graphs.size_for(_step([2, 2, 2, 2])) is None
-    assert graphs.size_for(_step([2, 2, 2])) == 16
-    assert graphs.size_for(_step([3, 2], width=runner.max_blocks_per_seq + 1)) is None
+    assert graphs.plan(_step([2, 2, 2, 2])) is None
+    assert graphs.plan(_step([2, 2, 2])).size == 16
+    assert graphs.plan(_step([3, 2], width=runner.max_blocks_per_seq + 1)) is None
 
 
 def test_graph_sizes_and_config():

@@ -12,8 +12,8 @@ import numpy as np  # noqa: E402
 from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention,
     paged_prefill_attention_ref,
-    prefill_tile_map,
 )
+from roseinfer.kernels.prefill_plan import prefill_tile_map  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
 
 

@@ -268,7 +268,7 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs) 
     spare programs. Same output as the reference; padding rows zero."""
     import numpy as np
 
-    from roseinfer.kernels.paged_prefill_attention import prefill_tile_map
+    from roseinfer.kernels.prefill_plan import prefill_tile_map
 
     gen = generator(f"backend-fixed-{q_lens}")
     batch = _Batch(prefix_lens, q_lens, num_pad, 6, 2, 32, 16, torch.float32, gen)
