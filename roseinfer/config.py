@@ -124,13 +124,17 @@ class ModelConfig:
         with open(file) as f:
             return ModelConfig.from_dict(json.load(f))
 
-    def params_count(self) -> int:
-        """Parameters in the decoder (embedding counted once when tied)."""
+    def layer_params(self) -> int:
+        """Matmul parameters of one decoder layer."""
         h, inter, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads + 2 * self.num_kv_heads) + self.num_heads * d * h
         mlp = (2 if self.model_type == "gpt2" else 3) * h * inter
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + mlp) + emb
+        return attn + mlp
+
+    def params_count(self) -> int:
+        """Parameters in the decoder (embedding counted once when tied)."""
+        emb = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.layer_params() + emb
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
@@ -203,8 +207,9 @@ class EngineConfig:
     tokenizer: str | None = None
     attention_backend: str = "torch"
     enforce_eager: bool = False
-    # Steps with prefill work of up to this many tokens replay CUDA graphs (runner/mixed_graphs.py); 0: eager.
-    mixed_graph_max_tokens: int = 512
+    # Steps with prefill work of up to this many tokens replay CUDA graphs (runner/mixed_graphs.py); 0: eager;
+    # None: chosen from the model's size (`auto_mixed_graph_max_tokens`).
+    mixed_graph_max_tokens: int | None = None
     # Schedule step N+1 while step N runs on the device (its sampled ids are fed on the device).
     async_scheduling: bool = True
     # Batches of one token run as GEMVs with the norms and residual adds folded in (llama family, CUDA).
@@ -217,5 +222,5 @@ class EngineConfig:
     max_model_len: int = 0  # 0: the model's max_position_embeddings
 
     def __post_init__(self) -> None:
-        if self.mixed_graph_max_tokens < 0:
+        if self.mixed_graph_max_tokens is not None and self.mixed_graph_max_tokens < 0:
             raise ValueError(f"mixed_graph_max_tokens must be >= 0, got {self.mixed_graph_max_tokens}")

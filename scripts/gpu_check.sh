@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy, mixed (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy, mixed, ttft (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -49,6 +49,14 @@ for s in "${sections[@]}"; do
         for m in 0 $b; do
           run w2-llama-lof-$b-graphs$m "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --mixed-graph-max-tokens $m --json "$OUT/w2_llama_lof_${b}_graphs$m.json"
         done
+      done ;;
+    ttft)  # cache-miss TTFT by prompt length, steps with prefill work eager / graphed to 512 / to the automatic cap;
+           # then W3 qwen online with graphs to 512 against the automatic cap (4096 for qwen2.5-0.5b)
+      run ttft-qwen '^(\||cap|#)' python3 scripts/probe_prefill_latency.py --model-shape qwen2.5-0.5b
+      run ttft-llama '^(\||cap|#)' python3 scripts/probe_prefill_latency.py --model-shape llama-3.1-8b --lengths 128,512,1000 --caps 0,auto --repeats 10
+      for m in 512 auto; do
+        flag=""; [ $m != auto ] && flag="--mixed-graph-max-tokens $m"
+        run prefix-W3-graphs-$m '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress $flag --json "$OUT/prefix_W3_graphs_$m.json"
       done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do

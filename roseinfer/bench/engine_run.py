@@ -69,7 +69,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
                 "policy": sched.policy,
                 "max_num_batched_tokens": sched.max_num_batched_tokens,
                 "max_num_seqs": sched.max_num_seqs,
-                "mixed_graph_max_tokens": engine.config.mixed_graph_max_tokens,
+                "mixed_graph_max_tokens": core.runner.mixed_graph_max_tokens,
             },
             "step_paths": {k: v - paths_before[k] for k, v in core.runner.step_paths.items()},
         },
@@ -146,7 +146,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         "--mixed-graph-max-tokens",
         type=int,
         default=None,
-        help="steps with prefill work of up to this many tokens replay CUDA graphs (default 512; 0: eager)",
+        help="steps with prefill work of up to this many tokens replay CUDA graphs (0: eager; default: from the "
+        "model's size, 4096 for qwen2.5-0.5b, 512 for llama-3.1-8b)",
     )
     engine.add_argument(
         "--admission-policy",

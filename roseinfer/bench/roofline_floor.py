@@ -30,7 +30,7 @@ def roofline_floor(
     c = model_config
     elem = torch.empty((), dtype=dtype).element_size()
     embed = c.vocab_size * c.hidden_size
-    layer_params = c.params_count() - embed * (1 if c.tie_word_embeddings else 2)
+    layer_params = c.num_layers * c.layer_params()
     prefill_flops = 2 * layer_params * workload.num_prompt_tokens + 2 * embed * workload.num_requests
     decode_tokens = [max(0, n - 1) for n in workload.output_lens]  # the first token comes from prefill
     steps = max(max(decode_tokens), math.ceil(sum(decode_tokens) / max_num_seqs))

@@ -45,7 +45,7 @@ def make_engine_config(
     max_model_len: int | None = None,
     attention_backend: str | None = None,
     enforce_eager: bool = False,
-    mixed_graph_max_tokens: int = 512,
+    mixed_graph_max_tokens: int | None = None,
     async_scheduling: bool = True,
     one_token_gemv: bool = True,
     fold_norms: bool = True,

@@ -12,6 +12,10 @@ graph's token count T:
 
 The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
 sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.
+
+How many tokens the graphs hold is chosen from the model's size unless set: a graph pays while the step's
+GEMMs take the GPU less time than its eager launch takes the host. Past that the step is GPU-bound either
+way, and a graph only adds its padding.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.config import ModelConfig
 from roseinfer.kernels.prefill_plan import prefill_block_m, prefill_tile_map
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
 from roseinfer.runner.inputs import ALIGN, HostStep
@@ -34,6 +39,24 @@ MAX_CHUNKS = 64
 # The int32 rows of the input buffer: per token (T_max + 1: a scratch entry), then per sequence (S_max + 1).
 TOKEN_ROWS = ("ids", "positions", "slots")
 SEQ_ROWS = ("query_start_loc", "seq_lens", "decode_seq_lens", "fill_index", "fill_row", "logits_index")
+
+
+# An eager step's host launch, per layer, and the rate of prefill GEMMs, both as measured on the lent H100:
+# ~6 ms of host for qwen2.5-0.5b's 24 layers (~15 ms for llama-3.1-8b's 32 on a slower host); cuBLAS at
+# 650-765 TFLOP/s on prefill shapes.
+EAGER_HOST_S_PER_LAYER = 250e-6
+PREFILL_GEMM_FLOPS_PER_S = 700e12
+# The automatic cap's bounds: below 512 even an 8B model's step is host-bound; above 4096 the graphs'
+# capture time and memory grow for steps of milliseconds of GPU on any model this engine serves.
+AUTO_MAX_TOKENS = (512, 4096)
+
+
+def auto_mixed_graph_max_tokens(cfg: ModelConfig) -> int:
+    """The token count at which a step's GEMMs (2 x layer params x tokens) take as long on the GPU as its
+    eager launch on the host, within AUTO_MAX_TOKENS: 4096 for qwen2.5-0.5b, 512 for llama-3.1-8b."""
+    tokens = EAGER_HOST_S_PER_LAYER * PREFILL_GEMM_FLOPS_PER_S / (2 * cfg.layer_params())
+    low, high = AUTO_MAX_TOKENS
+    return int(min(max(tokens, low), high))
 
 
 def mixed_graph_sizes(max_tokens: int) -> list[int]:

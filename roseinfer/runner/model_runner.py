@@ -15,7 +15,7 @@ from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
-from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs
+from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
 from roseinfer.runner.sampler import SamplingBatch, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
@@ -76,6 +76,10 @@ class ModelRunner:
         self.copy_staging = Staging(self.device, capacity=1024)
         self.graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
+        cap = config.mixed_graph_max_tokens
+        cap = auto_mixed_graph_max_tokens(self.cfg) if cap is None else cap
+        # The largest step with prefill work that replays a graph (where graphs are captured at all).
+        self.mixed_graph_max_tokens = min(cap, config.scheduler.max_num_batched_tokens)
         # Steps launched by each path: decode graph, mixed-step graph, eager.
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0}
         self._sampling_key: tuple[int, ...] = ()
@@ -166,9 +170,8 @@ class ModelRunner:
             self._forward_logits, self.device, sched.max_num_seqs, self.max_blocks_per_seq, self.block_size
         )
         self.graphs.capture()
-        max_tokens = min(self.config.mixed_graph_max_tokens, sched.max_num_batched_tokens)
-        if max_tokens > 0:
-            self.mixed_graphs = self.build_mixed_graphs(max_tokens)
+        if self.mixed_graph_max_tokens > 0:
+            self.mixed_graphs = self.build_mixed_graphs(self.mixed_graph_max_tokens)
             self.mixed_graphs.capture()
 
     def build_mixed_graphs(self, max_tokens: int, max_chunks: int = MAX_CHUNKS) -> MixedGraphs:

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from roseinfer import LLM, SamplingParams
-from roseinfer.config import EngineConfig
+from roseinfer.config import EngineConfig, ModelConfig
+from roseinfer.models.loader import BUILTIN_CONFIG_DIR, builtin_shapes
 from roseinfer.runner.inputs import HostStep
-from roseinfer.runner.mixed_graphs import mixed_graph_sizes
+from roseinfer.runner.mixed_graphs import AUTO_MAX_TOKENS, auto_mixed_graph_max_tokens, mixed_graph_sizes
 from tests.engine.cpu_graph_replay import cpu_decode_graphs, cpu_mixed_graphs
 from tests.engine.test_async_scheduling import PROMPTS, assert_clean, greedy, make, token_ids
 
@@ -106,3 +107,35 @@ def test_graph_sizes_and_config():
     assert sizes == sorted(set(sizes)) and sizes[-1] == 8192
     with pytest.raises(ValueError, match="mixed_graph_max_tokens"):
         EngineConfig.__post_init__(type("C", (), {"mixed_graph_max_tokens": -1})())
+
+
+def test_automatic_cap_follows_the_layer_size():
+    """The cap is where a step's GEMMs take the GPU as long as its eager launch takes the host: large for
+    small layers (host-bound prefill), the floor for 8B layers, and never growing with the layer."""
+    caps = {}
+    for name in builtin_shapes():
+        cfg = ModelConfig.from_path(f"{BUILTIN_CONFIG_DIR}/{name}.json")
+        caps[name] = (cfg.layer_params(), auto_mixed_graph_max_tokens(cfg))
+    assert caps["qwen2.5-0.5b"][1] == 4096 and caps["llama-3.1-8b"][1] == 512
+    assert all(AUTO_MAX_TOKENS[0] <= cap <= AUTO_MAX_TOKENS[1] for _, cap in caps.values())
+    by_size = [cap for _, cap in sorted(caps.values())]
+    assert by_size == sorted(by_size, reverse=True)
+    # Between the bounds the cap is inversely proportional to the layer's parameters.
+    cfg = ModelConfig.from_path(f"{BUILTIN_CONFIG_DIR}/llama-3.1-8b.json")
+    mid = [
+        ModelConfig.from_dict({**cfg.hf_config, "hidden_size": 2048, "intermediate_size": inter})
+        for inter in (8192, 16384)
+    ]
+    (p1, c1), (p2, c2) = [(m.layer_params(), auto_mixed_graph_max_tokens(m)) for m in mid]
+    assert AUTO_MAX_TOKENS[0] < c2 < c1 < AUTO_MAX_TOKENS[1]
+    assert c1 * p1 == pytest.approx(c2 * p2, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("cap", "budget", "want"), [(None, 16384, 4096), (None, 100, 100), (0, 16384, 0), (300, 16384, 300)]
+)
+def test_runner_resolves_the_cap(llama_dir, cap, budget, want):
+    """Unset, the cap comes from the model (the tiny test model's layers are small: the upper bound), and
+    no step larger than the token budget needs a graph."""
+    llm = make(llama_dir, True, max_num_batched_tokens=budget, mixed_graph_max_tokens=cap)
+    assert llm.engine.core.runner.mixed_graph_max_tokens == want

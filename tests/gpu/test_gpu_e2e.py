@@ -133,6 +133,20 @@ def test_mixed_step_graphs_match_hf_on_gpu(model_dir, budget):
     assert llm.engine.core.kv.num_hit_tokens > 0
 
 
+def test_long_prefill_steps_replay_graphs_by_default_on_gpu(model_dir):
+    """Unset, the graphs' token cap comes from the model's size: the tiny models' small layers give the upper
+    bound, so a first step of 1,199 prompt tokens (four prompts) and the later ones beside decodes replay
+    graphs, against HF in float32."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=43, lengths=[480, 333, 257, 129, 7, 1])
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    llm = fp32_triton_engine(directory, False, num_kv_blocks=512, max_num_seqs=4)
+    assert llm.engine.core.runner.mixed_graph_max_tokens == 4096
+    assert token_ids(llm, prompts) == want
+    paths = llm.engine.core.runner.step_paths
+    assert paths["mixed_graph"] > 0 and paths["eager"] == 0, paths
+
+
 def test_batch_of_one_matches_hf_on_gpu(model_dir):
     """One prompt at a time, so every decode step is a batch of one: the fused GEMV path on llama-family
     models, eager and as a CUDA graph."""
