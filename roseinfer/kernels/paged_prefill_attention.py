@@ -116,25 +116,23 @@ def _prefill_kernel(
     TILE_MAP: tl.constexpr,
 ):
     if TILE_MAP:
-        # Program t takes the tile the host listed at t (a CUDA graph's fixed grid); -1 marks spare programs.
-        # Heads vary fastest: blocks start in grid order, so every head's listed tiles start before the
-        # spare programs at the end of the map take a slot (tiles fastest ran 2.4x slower for one prompt).
+        # Program t takes the tile the host listed at t (a CUDA graph's fixed grid); -1 marks spare programs,
+        # which leave at once. Heads vary fastest: blocks start in grid order, so every listed tile starts
+        # before the spare programs at the end of the map take a slot.
         head = tl.program_id(0)
         b = tl.load(tile_seq_ptr + tl.program_id(1))
+        if b < 0:
+            return
         m_block = tl.load(tile_block_ptr + tl.program_id(1))
-        live = b >= 0
-        b = tl.maximum(b, 0)
-        m_block = tl.maximum(m_block, 0)
     else:
         head = tl.program_id(1)
         # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
         m_block = tl.num_programs(0) - 1 - tl.program_id(0)
         b = tl.program_id(2) + first_seq
-        live = True
     kvh = head // GROUP
 
     q_start = tl.load(query_start_loc_ptr + b)
-    q_len = tl.where(live, tl.load(query_start_loc_ptr + b + 1) - q_start, 0)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
     prefix = seq_len - q_len  # context tokens cached before this chunk
     m0 = m_block * BLOCK_M
