@@ -8,7 +8,7 @@ graph's token count T:
 - the step's tokens are padded to T (slot -1: no KV written, a zero attention output);
 - its sequences to S = min(T, max_num_seqs) (no new tokens, length 0);
 - the decode kernel takes the first S rows, with a zero output past the step's leading decodes;
-- the prefill kernel runs a tile map of fixed length, whose spare programs idle.
+- the prefill kernel runs a tile map of fixed length, whose spare programs return at once.
 
 The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
 sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.

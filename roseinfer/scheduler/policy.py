@@ -6,8 +6,8 @@
   longest start first and the short ones are prefilled later, in chunks that ride in memory-bound decode
   steps instead of compute-bound prefill steps up front. That pays only when a mixed step costs the host
   no more than the GPU. Eager mixed steps did not, and lof measured slower on W2 llama (twelfth session).
-  Since they replay CUDA graphs, lof with a 512-token budget ran 3% faster than fcfs in one lease
-  (docs/PERFORMANCE.md, thirteenth session; `scripts/sim_w2_schedule.py` models the schedule).
+  Since they replay CUDA graphs, lof with a 512-token budget ran 6% faster than fcfs in one lease
+  (docs/PERFORMANCE.md, fourteenth session; `scripts/sim_w2_schedule.py` models the schedule).
 
 lpm and lof age: a request that has waited `max_wait_steps` steps goes ahead of the ranked ones, so no
 request is starved by a stream of better-ranked arrivals. Among the overdue, lpm goes first come first
