@@ -41,9 +41,10 @@ TOKEN_ROWS = ("ids", "positions", "slots")
 SEQ_ROWS = ("query_start_loc", "seq_lens", "decode_seq_lens", "fill_index", "fill_row", "logits_index")
 
 
-# An eager step's host launch, per layer, and the rate of prefill GEMMs, both as measured on the lent H100:
-# ~6 ms of host for qwen2.5-0.5b's 24 layers (~15 ms for llama-3.1-8b's 32 on a slower host); cuBLAS at
-# 650-765 TFLOP/s on prefill shapes.
+# An eager step's host launch, per layer, and the rate of prefill GEMMs, as measured on the lent H100s:
+# 6-21 ms of host for qwen2.5-0.5b's 24 layers and 15-21 ms for llama-3.1-8b's 32, depending on the
+# host; cuBLAS at 650-765 TFLOP/s on prefill shapes. The low end is taken: a dearer host would raise
+# llama's cap, but graphs past 512 tokens gained it only 1-2% (docs/PERFORMANCE.md, fourteenth session).
 EAGER_HOST_S_PER_LAYER = 250e-6
 PREFILL_GEMM_FLOPS_PER_S = 700e12
 # The automatic cap's bounds: below 512 even an 8B model's step is host-bound; above 4096 the graphs'
