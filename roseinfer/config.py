@@ -218,6 +218,9 @@ class EngineConfig:
     # the kernels that read those linears' outputs apply 1 / rms (llama family without q/k norm, Triton
     # attention, bf16/fp32; fp16 is left alone, as un-normalised rows times weights may overflow it).
     fold_norms: bool = True
+    # Prefill attention may cut a short chunk's keys over a long cached prefix across programs
+    # (kernels/prefill_plan.py; Triton attention).
+    prefill_key_splits: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings
 

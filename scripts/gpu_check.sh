@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy, mixed, ttft (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, layouts, policy, mixed, ttft, splits (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -57,6 +57,17 @@ for s in "${sections[@]}"; do
       for m in 512 auto; do
         flag=""; [ $m != auto ] && flag="--mixed-graph-max-tokens $m"
         run prefix-W3-graphs-$m '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress $flag --json "$OUT/prefix_W3_graphs_$m.json"
+      done ;;
+    splits)  # prefill attention's key splits: the kernel on short chunks over long prefixes, then W3 qwen (prefix
+             # hits) and W2 llama under lof (SPLIT_BUDGETS), each with and without the splits, alternating
+      run sweep-prefill-splits '^(shape|llama|qwen|us|grid)' python3 scripts/sweep_prefill_splits.py
+      for k in prefill-key-splits no-prefill-key-splits; do
+        run prefix-W3-$k '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --$k --json "$OUT/prefix_W3_$k.json"
+      done
+      for b in ${SPLIT_BUDGETS:-320 512}; do
+        for k in prefill-key-splits no-prefill-key-splits; do
+          run w2-llama-lof-$b-$k "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --$k --json "$OUT/w2_llama_lof_${b}_$k.json"
+        done
       done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do

@@ -23,6 +23,8 @@ class AttentionBackend(ABC):
     fuses_rotary: bool = False  # forward() takes `rope` and rotates q/k itself
     # forward() takes `norm` on decode-only steps: q/k/v are unfinished projections (see DeferredNorm)
     defers_norm: bool = False
+    # forward() reads `meta.prefill_tiles` (kernels/prefill_plan.py) on steps with prefill work
+    takes_tile_maps: bool = False
 
     @abstractmethod
     def forward(

@@ -36,11 +36,15 @@ class AttentionMetadata:
     # Host copies, for the reference backend and for launch decisions; never read on the GPU.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
-    # Set inside the mixed-step CUDA graphs (runner/mixed_graphs.py), where no launch shape may depend on
-    # the step: the prefill kernel's tile map [2, N] and its q tile height, and [S] each sequence's length
-    # if it is one of the leading decodes, else 0 (the decode kernel's rows).
+    # The prefill kernel's tile map [TILE_ROWS, N] (kernels/prefill_plan.py), its q tile height, and the
+    # partial rows its key splits may take (0: none). Set inside the mixed-step CUDA graphs
+    # (runner/mixed_graphs.py), where no launch shape may depend on the step, and on eager steps whose
+    # chunks' keys are worth splitting.
     prefill_tiles: torch.Tensor | None = None
     tile_block_m: int = 0
+    split_rows: int = 0
+    # Inside the mixed-step graphs: [S] each sequence's length if it is one of the leading decodes, else 0
+    # (the decode kernel's rows).
     decode_seq_lens: torch.Tensor | None = None
 
     @property

@@ -2,10 +2,15 @@
 
 A decode-only step (every sequence has one new token, row i <-> sequence i) is one launch per layer: the
 split-K decode kernel rotates q and the new k in registers, attends to the new token from them and writes
-its K/V to the cache; given a `DeferredNorm`, it first finishes q/k/v (the layer's RMSNorm, deferred). Any other step first stores its K/V (rotating in the same launch), then runs the
-prefill kernel, except for the decodes at its front, which take the decode kernel. For decode the whole
-path is CUDA-graph safe: no host syncs, and every allocation and launch shape depends only on tensor
-shapes and `meta.max_seq_len` (a host int).
+its K/V to the cache; given a `DeferredNorm`, it first finishes q/k/v (the layer's RMSNorm, deferred).
+
+Any other step first stores its K/V (rotating in the same launch), then runs the prefill kernel, except
+for the decodes at its front, which take the decode kernel. The prefill kernel takes a tile map when the
+step brings one (`meta.prefill_tiles`): inside a mixed-step graph always, in an eager step when short
+chunks over long prefixes are worth cutting across programs by keys.
+
+For decode the whole path is CUDA-graph safe: no host syncs, and every allocation and launch shape depends
+only on tensor shapes and `meta.max_seq_len` (a host int).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     fuses_rotary = True
     defers_norm = True
+    takes_tile_maps = True
 
     def forward(
         self,
@@ -61,7 +67,7 @@ class TritonAttentionBackend(AttentionBackend):
                 store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
             else:  # rotate q in place and k into its cache slot, in the launch that stores the KV
                 apply_rotary_and_store_kv(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
-        if meta.prefill_tiles is not None:
+        if meta.decode_seq_lens is not None:  # inside a mixed-step graph
             self._fixed_shape_decodes(q, k_cache, v_cache, meta, scale, out)
             first_seq = 0  # not read: the tile map names the sequences
         else:
@@ -87,6 +93,7 @@ class TritonAttentionBackend(AttentionBackend):
             block_m=meta.tile_block_m or None,
             first_seq=first_seq,  # an offset, not sliced pointers: those would change Triton's specialisation
             tiles=meta.prefill_tiles,
+            split_rows=meta.split_rows,
         )
 
     def _fixed_shape_decodes(

@@ -113,6 +113,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "max_model_len",
         "async_scheduling",
         "fold_norms",
+        "prefill_key_splits",
         "admission_policy",
         "mixed_graph_max_tokens",
     )
@@ -169,4 +170,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         action=argparse.BooleanOptionalAction,
         default=None,
         help="decode steps without RMSNorm launches: norm weights folded into the linears (default on)",
+    )
+    engine.add_argument(
+        "--prefill-key-splits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="prefill attention cuts short chunks' keys over long cached prefixes across programs (default on)",
     )

@@ -49,6 +49,7 @@ def make_engine_config(
     async_scheduling: bool = True,
     one_token_gemv: bool = True,
     fold_norms: bool = True,
+    prefill_key_splits: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
     path = resolve_model_path(model, need_weights=load_format != "dummy")
@@ -85,6 +86,7 @@ def make_engine_config(
         async_scheduling=async_scheduling,
         one_token_gemv=one_token_gemv,
         fold_norms=fold_norms,
+        prefill_key_splits=prefill_key_splits,
         seed=seed,
         max_model_len=max_len,
     )

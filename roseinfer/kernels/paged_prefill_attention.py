@@ -5,6 +5,11 @@ are both read through the block table. Program (q_tile, head, seq) takes BLOCK_M
 sequence and one query head and runs a flash-attention online softmax over BLOCK_N-key tiles: first the
 tiles every row of the q tile sees in full (no mask), then the diagonal tiles with the causal mask.
 Query row j of sequence i sits at position `seq_lens[i] - q_len_i + j` and sees keys at positions <= it.
+
+A tile-map launch (`prefill_plan.prefill_tile_map`) may cut a q tile's keys across several programs, as
+flash-decoding does for one query: a short chunk over a long cached prefix otherwise makes few programs,
+each walking every key in turn. Each such program writes a partial (running max, running sum, unnormalised
+accumulator) and takes a ticket; the last of the tile's programs to finish merges them, in the same launch.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from roseinfer.kernels._common import (
     dot_precision,
     gather_sequence_kv,
 )
-from roseinfer.kernels.prefill_plan import prefill_block_m, prefill_config
+from roseinfer.kernels.paged_decode_split import merge_counters
+from roseinfer.kernels.prefill_plan import TILE_ROWS, prefill_block_m, prefill_config
 
 
 @triton.jit
@@ -48,8 +54,10 @@ def _attend_tile(
     EVEN_D: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    EMPTY_ROWS: tl.constexpr,
 ):
-    """One online-softmax step over keys n0..n0+BLOCK_N (< n_end); CAUSAL masks keys after each row's position."""
+    """One online-softmax step over keys n0..n0+BLOCK_N (< n_end); CAUSAL masks keys after each row's position.
+    EMPTY_ROWS: a row may have seen no key yet, even after this tile (a key split's share)."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_mask = n < n_end
     blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -71,8 +79,11 @@ def _attend_tile(
         # Every row sees the tile's first key or an earlier one, so no row's running max stays -inf.
         s = tl.where((n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_ref = m_new
+    if CAUSAL and EMPTY_ROWS:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: weights 0, not NaN
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(
         p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
@@ -80,7 +91,49 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["first_seq"])
+@triton.jit
+def _merge_key_splits(
+    m_i,
+    l_i,
+    acc,
+    split,
+    num_splits,
+    part_rows,
+    rows_here,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    head,
+    num_q_heads,
+    d,
+    d_mask,
+    row_mask,
+    HEAD_DIM: tl.constexpr,
+):
+    """This program's partial (kept in registers) merged with the tile's other splits', read from memory;
+    returns the normalised output rows."""
+    for other in range(0, num_splits):
+        if other != split:
+            idx = (part_rows + (other - split) * rows_here) * num_q_heads + head
+            m_s = tl.load(part_m_ptr + idx, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
+            l_s = tl.load(part_l_ptr + idx, mask=row_mask, other=0.0, cache_modifier=".cg")
+            acc_s = tl.load(
+                part_acc_ptr + idx[:, None] * HEAD_DIM + d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            m_new = tl.maximum(m_i, m_s)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # neither share saw a key
+            alpha = tl.exp2(m_i - m_ref)
+            w = tl.exp2(m_s - m_ref)
+            l_i = l_i * alpha + l_s * w
+            acc = acc * alpha[:, None] + acc_s * w[:, None]
+            m_i = m_new
+    return acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+
+
+@triton.jit(do_not_specialize=["first_seq", "tile_stride"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -89,8 +142,11 @@ def _prefill_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     out_ptr,
-    tile_seq_ptr,
-    tile_block_ptr,
+    tile_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    counters_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -104,6 +160,8 @@ def _prefill_kernel(
     stride_ot,
     stride_oh,
     first_seq,
+    tile_stride,
+    num_q_heads,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -114,16 +172,25 @@ def _prefill_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     TILE_MAP: tl.constexpr,
+    KEY_SPLIT: tl.constexpr,
 ):
+    split = 0
+    num_splits = 1
+    part_base = 0
     if TILE_MAP:
         # Program t takes the tile the host listed at t (a CUDA graph's fixed grid); -1 marks spare programs,
         # which leave at once. Heads vary fastest: blocks start in grid order, so every listed tile starts
         # before the spare programs at the end of the map take a slot.
         head = tl.program_id(0)
-        b = tl.load(tile_seq_ptr + tl.program_id(1))
+        entry = tl.program_id(1)
+        b = tl.load(tile_ptr + entry)
         if b < 0:
             return
-        m_block = tl.load(tile_block_ptr + tl.program_id(1))
+        m_block = tl.load(tile_ptr + tile_stride + entry)
+        if KEY_SPLIT:
+            split = tl.load(tile_ptr + 2 * tile_stride + entry)
+            num_splits = tl.load(tile_ptr + 3 * tile_stride + entry)
+            part_base = tl.load(tile_ptr + 4 * tile_stride + entry)
     else:
         head = tl.program_id(1)
         # Longest (last, most keys) q tiles first, so the tail of the launch is made of short programs.
@@ -138,7 +205,8 @@ def _prefill_kernel(
     m0 = m_block * BLOCK_M
     active = m0 < q_len
 
-    rows = m0 + tl.arange(0, BLOCK_M)
+    local = tl.arange(0, BLOCK_M)
+    rows = m0 + local
     row_mask = rows < q_len
     d = tl.arange(0, D_PAD)
     d_mask = d < HEAD_DIM
@@ -153,6 +221,12 @@ def _prefill_kernel(
     # Keys at positions <= prefix + m0 are visible to every row of the tile; whole tiles of them need no mask.
     full_end = tl.where(active, ((prefix + m0 + 1) // BLOCK_N) * BLOCK_N, 0)
     kv_end = tl.where(active, prefix + tl.minimum(m0 + BLOCK_M, q_len), 0)
+    # This program's share of the tile's key tiles (all of them unless the keys are split): [j0, j1), the
+    # unmasked ones first, then the diagonal ones.
+    full_tiles = full_end // BLOCK_N
+    key_tiles = full_tiles + tl.cdiv(kv_end - full_end, BLOCK_N)
+    j0 = split * key_tiles // num_splits
+    j1 = (split + 1) * key_tiles // num_splits
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -161,8 +235,7 @@ def _prefill_kernel(
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_btb
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
-    # Unmasked tiles (every row sees every key), then the diagonal tiles with the causal mask.
-    for n0 in range(0, full_end, BLOCK_N):
+    for n0 in range(j0 * BLOCK_N, tl.minimum(j1, full_tiles) * BLOCK_N, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q,
             m_i,
@@ -187,8 +260,9 @@ def _prefill_kernel(
             EVEN_D,
             PRECISION,
             DOT_DTYPE,
+            KEY_SPLIT,
         )
-    for n0 in range(full_end, kv_end, BLOCK_N):
+    for n0 in range(tl.maximum(j0, full_tiles) * BLOCK_N, j1 * BLOCK_N, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q,
             m_i,
@@ -213,14 +287,48 @@ def _prefill_kernel(
             EVEN_D,
             PRECISION,
             DOT_DTYPE,
+            KEY_SPLIT,
         )
 
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(
-        out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & d_mask[None, :],
-    )
+    o_ptrs = out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :]
+    o_mask = row_mask[:, None] & d_mask[None, :]
+    if num_splits == 1:
+        o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        # Partials are [rows, Hq] (m, l) and [rows, Hq, HEAD_DIM] (acc): the tile's splits take consecutive
+        # runs of its rows from part_base on.
+        rows_here = tl.minimum(BLOCK_M, q_len - m0)
+        part_rows = part_base + split * rows_here + local
+        idx = part_rows * num_q_heads + head
+        tl.store(part_m_ptr + idx, m_i, mask=row_mask)
+        tl.store(part_l_ptr + idx, l_i, mask=row_mask)
+        tl.store(part_acc_ptr + idx[:, None] * HEAD_DIM + d[None, :], acc, mask=o_mask)
+        # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
+        tl.debug_barrier()
+        counter = counters_ptr + part_base * num_q_heads + head
+        ticket = tl.atomic_add(counter, 1)
+        if ticket == num_splits - 1:
+            o = _merge_key_splits(
+                m_i,
+                l_i,
+                acc,
+                split,
+                num_splits,
+                part_rows,
+                rows_here,
+                part_m_ptr,
+                part_l_ptr,
+                part_acc_ptr,
+                head,
+                num_q_heads,
+                d,
+                d_mask,
+                row_mask,
+                HEAD_DIM,
+            )
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 def paged_prefill_attention(
@@ -237,6 +345,7 @@ def paged_prefill_attention(
     block_n: int | None = None,
     first_seq: int = 0,
     tiles: torch.Tensor | None = None,
+    split_rows: int = 0,
 ) -> torch.Tensor:
     """Causal attention of every sequence's new tokens over its cached context plus themselves; [T, Hq, D].
 
@@ -244,9 +353,11 @@ def paged_prefill_attention(
     rows of `q` outside their `query_start_loc` range are not written. `block_m`/`block_n` override the
     tile shape (powers of two >= 16).
 
-    `tiles` ([2, N] int32 from `prefill_tile_map`, built with `block_m`) fixes the grid at N programs per
-    head, whatever the step holds: the launch a CUDA graph can replay. `max_query_len` and `first_seq` are
-    then not read; the tile map names the sequences.
+    `tiles` ([TILE_ROWS, N] int32 from `prefill_tile_map`, built with `block_m`) fixes the grid at N
+    programs per head, whatever the step holds: the launch a CUDA graph can replay. `max_query_len` and
+    `first_seq` are then not read; the tile map names the sequences. `split_rows` > 0: the map may cut
+    tiles' keys across programs, whose partials take at most that many rows (the map's `max_rows`); 0: its
+    split columns are not read.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     num_tokens, num_q_heads, q_dim = q.shape
@@ -270,21 +381,28 @@ def paged_prefill_attention(
     d_pad = max(16, triton.next_power_of_2(head_dim))
     cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype)
     block_n = block_n or cfg_n
+    part_m = part_l = part_acc = counters = out  # not read unless the keys are split
+    tile_map = tiles is not None
     if tiles is not None:
         if block_m is None:
             raise ValueError("a tile map needs the block_m it was built with")
-        if tiles.dim() != 2 or tiles.shape[0] != 2 or tiles.dtype != torch.int32 or tiles.stride(1) != 1:
-            raise ValueError("tiles must be a [2, N] int32 tensor with contiguous rows")
+        if tiles.dim() != 2 or tiles.shape[0] != TILE_ROWS or tiles.dtype != torch.int32 or tiles.stride(1) != 1:
+            raise ValueError(f"tiles must be a [{TILE_ROWS}, N] int32 tensor with contiguous rows")
         if num_tokens == 0 or tiles.shape[1] == 0:
             return out
         grid: tuple[int, ...] = (num_q_heads, tiles.shape[1], 1)
-        tile_seq, tile_block = tiles[0], tiles[1]
+        tile_stride = tiles.stride(0)
+        if split_rows > 0:
+            part_m = torch.empty((split_rows, num_q_heads), dtype=torch.float32, device=q.device)
+            part_l = torch.empty_like(part_m)
+            part_acc = torch.empty((split_rows, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
+            counters = merge_counters(q.device, split_rows * num_q_heads)
     else:
         if num_tokens == 0 or num_seqs - first_seq <= 0 or max_query_len <= 0:
             return out
         block_m = prefill_block_m(head_dim, q.dtype, max_query_len, block_m)
         grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
-        tile_seq = tile_block = query_start_loc  # not read
+        tiles, tile_stride = query_start_loc, 0  # not read
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -293,8 +411,11 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         out,
-        tile_seq,
-        tile_block,
+        tiles,
+        part_m,
+        part_l,
+        part_acc,
+        counters,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -308,6 +429,8 @@ def paged_prefill_attention(
         out.stride(0),
         out.stride(1),
         first_seq,
+        tile_stride,
+        num_q_heads,
         GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim,
         D_PAD=d_pad,
@@ -317,7 +440,8 @@ def paged_prefill_attention(
         BLOCK_N=block_n,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
-        TILE_MAP=tiles is not None,
+        TILE_MAP=tile_map,
+        KEY_SPLIT=tile_map and split_rows > 0,
         num_warps=num_warps if block_m >= 64 else 4,
         num_stages=num_stages,
     )

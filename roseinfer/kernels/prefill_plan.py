@@ -1,13 +1,15 @@
 """Launch planning for paged prefill attention, on the host: the tile shape, and the tile map that gives a
-CUDA graph's replay a grid fixed whatever the step holds."""
+CUDA graph's replay a grid fixed whatever the step holds and may cut long tiles' keys across programs."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton
 
-from roseinfer.kernels._common import is_interpret
+from roseinfer.kernels._common import is_interpret, num_sms
 
 
 def prefill_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
@@ -32,11 +34,63 @@ def prefill_block_m(head_dim: int, dtype: torch.dtype, max_query_len: int, block
     return max(16, min(block_m, triton.next_power_of_2(max(1, max_query_len))))
 
 
+# A tile map's rows: the sequence, its q tile, the key split, the tile's split count, the tile's first partial
+# row (key splits only).
+TILE_ROWS = 5
+MAX_KEY_SPLITS = 16
+# A split shorter than this many keys does not pay for its partial's write and merge.
+MIN_KEYS_PER_SPLIT = 256
+# Rows of partials one launch's key splits may write ([rows, heads, head_dim] fp32: 32 MiB at llama-3.1-8b's
+# heads): a 100-token chunk cut 16 ways takes 1,600.
+SPLIT_PARTIAL_ROWS = 2048
+# Programs per SM the splits aim for: one 8-warp 128 x 32 program (llama's tile) or two 4-warp ones fill one.
+SPLIT_PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class KeySplit:
+    """How a tile map may cut q tiles' keys across programs (flash-decoding for chunks). A short chunk over
+    a long cached prefix otherwise makes a few programs a head, each walking every key in turn while most
+    SMs idle."""
+
+    num_heads: int
+    block_n: int
+    target_programs: int  # programs that fill the GPU
+    min_keys: int = MIN_KEYS_PER_SPLIT
+    max_rows: int = SPLIT_PARTIAL_ROWS
+
+
+def key_split_for(num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> KeySplit:
+    d_pad = max(16, triton.next_power_of_2(head_dim))
+    block_n = prefill_config(d_pad, dtype)[1]
+    return KeySplit(num_heads, block_n, SPLIT_PROGRAMS_PER_SM * num_sms(device))
+
+
+def _split_counts(keys: np.ndarray, rows: np.ndarray, split: KeySplit, capacity: int) -> np.ndarray:
+    """Splits per q tile: each program walks about the same number of key tiles, enough programs to fill the
+    GPU, none shorter than `min_keys`, within the map's capacity and the partials' rows."""
+    key_tiles = -(-keys // split.block_n)
+    work = int(key_tiles.sum()) * split.num_heads
+    per_program = max(-(-work // split.target_programs), -(-split.min_keys // split.block_n), 1)
+    most = np.minimum(np.maximum(key_tiles, 1), MAX_KEY_SPLITS)
+    while True:
+        counts = np.minimum(-(-key_tiles // per_program), most).clip(min=1)
+        if counts.sum() <= capacity and int((rows * counts)[counts > 1].sum()) <= split.max_rows:
+            return counts
+        per_program *= 2
+
+
 def prefill_tile_map(
-    query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int, block_m: int, capacity: int
+    query_start_loc: np.ndarray,
+    seq_lens: np.ndarray,
+    first_seq: int,
+    block_m: int,
+    capacity: int,
+    split: KeySplit | None = None,
 ) -> np.ndarray:
-    """[2, capacity] int32: the (sequence, q tile) each program of a tile-map launch takes, for sequences
-    `first_seq..`; the tiles with the most keys first, so the launch ends on short programs; -1 pads."""
+    """[TILE_ROWS, capacity] int32: the (sequence, q tile, key split, splits, partial row) each program of a
+    tile-map launch takes, for sequences `first_seq..`; the programs with the most keys first, so the launch
+    ends on short ones; -1 pads. Without `split` every tile is one program."""
     q_lens = np.diff(query_start_loc.astype(np.int64))[first_seq:]
     counts = -(-q_lens // block_m)
     total = int(counts.sum())
@@ -44,10 +98,63 @@ def prefill_tile_map(
         raise ValueError(f"{total} q tiles exceed the tile map's {capacity}")
     seq = np.repeat(np.arange(first_seq, first_seq + len(q_lens)), counts)
     block = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    prefix = seq_lens[first_seq:].astype(np.int64) - q_lens
-    keys = np.repeat(prefix, counts) + np.minimum((block + 1) * block_m, np.repeat(q_lens, counts))
-    order = np.argsort(-keys, kind="stable")
-    tiles = np.full((2, capacity), -1, np.int32)
-    tiles[0, :total] = seq[order]
-    tiles[1, :total] = block[order]
+    tile_q_lens = np.repeat(q_lens, counts)
+    prefix = np.repeat(seq_lens[first_seq:].astype(np.int64) - q_lens, counts)
+    keys = prefix + np.minimum((block + 1) * block_m, tile_q_lens)
+    rows = np.minimum(block_m, tile_q_lens - block * block_m)
+    splits = np.ones(total, np.int64)
+    if split is not None and total:
+        splits = _split_counts(keys, rows, split, capacity)
+    # Each split tile's partials take `rows x splits` rows from its first partial row on.
+    part_rows = np.where(splits > 1, rows * splits, 0)
+    first_row = np.cumsum(part_rows) - part_rows
+    tile = np.repeat(np.arange(total), splits)
+    entries = len(tile)
+    piece = np.arange(entries) - np.repeat(np.cumsum(splits) - splits, splits)
+    order = np.argsort(-(keys / splits)[tile], kind="stable")
+    tiles = np.full((TILE_ROWS, capacity), -1, np.int32)
+    for row, values in enumerate((seq[tile], block[tile], piece, splits[tile], first_row[tile])):
+        tiles[row, :entries] = values[order]
     return tiles
+
+
+def leading_decodes(q_lens: np.ndarray) -> int:
+    """How many sequences at the front have one new token (decode-first puts the decodes there)."""
+    return len(q_lens) if (q_lens == 1).all() else int(np.argmax(q_lens != 1))
+
+
+class TilePlanner:
+    """A model's prefill tile maps on one device: the room key splits need, and the eager steps they pay on."""
+
+    def __init__(
+        self, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, key_splits: bool = True
+    ) -> None:
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.split = key_split_for(num_heads, head_dim, dtype, device) if key_splits else None
+        # Programs a map holds beyond one per q tile, for key splits: about what fills the GPU.
+        self.split_entries = -(-self.split.target_programs // num_heads) if self.split is not None else 0
+
+    def capacity(self, q_tiles: int) -> int:
+        return q_tiles + self.split_entries
+
+    def tile_map(
+        self, query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int, block_m: int, capacity: int
+    ) -> np.ndarray:
+        return prefill_tile_map(query_start_loc, seq_lens, first_seq, block_m, capacity, self.split)
+
+    def eager_map(self, query_start_loc: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, int] | None:
+        """(tile map, block_m) for an eager step whose q tiles leave the GPU short of programs and whose map
+        cuts some tile's keys; None: the plain grid serves it as well."""
+        q_lens = np.diff(query_start_loc.astype(np.int64))
+        first = leading_decodes(q_lens)
+        if self.split is None or first == len(q_lens):
+            return None
+        block_m = prefill_block_m(self.head_dim, self.dtype, int(q_lens[first:].max()))
+        q_tiles = int((-(-q_lens[first:] // block_m)).sum())
+        if q_tiles * self.split.num_heads >= self.split.target_programs:
+            return None
+        tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
+        if not (tiles[3] > 1).any():
+            return None
+        return np.ascontiguousarray(tiles[:, : int((tiles[0] >= 0).sum())]), block_m

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 
@@ -164,21 +165,29 @@ class Staging:
 
 
 def upload_step(
-    step: HostStep, staging: Staging, prev_sampled: torch.Tensor | None = None
+    step: HostStep,
+    staging: Staging,
+    prev_sampled: torch.Tensor | None = None,
+    tiles: tuple[np.ndarray, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """(input ids, positions, metadata, logits rows), with pending input ids filled from `prev_sampled`."""
-    ids, pos, slots, qsl, seq_lens, tables, fill_index, fill_row, logits_index = staging.upload(
-        [
-            step.input_ids,
-            step.positions,
-            step.slot_mapping,
-            step.query_start_loc,
-            step.seq_lens,
-            step.block_tables,
-            step.fill_index,
-            step.fill_row,
-            step.logits_index,
-        ]
+    """(input ids, positions, metadata, logits rows), with pending input ids filled from `prev_sampled`.
+    `tiles`: the prefill kernel's tile map and its q tile height (`TilePlanner.eager_map`), sent in the
+    same copy."""
+    arrays = [
+        step.input_ids,
+        step.positions,
+        step.slot_mapping,
+        step.query_start_loc,
+        step.seq_lens,
+        step.block_tables,
+        step.fill_index,
+        step.fill_row,
+        step.logits_index,
+    ]
+    if tiles is not None:
+        arrays.append(tiles[0])
+    ids, pos, slots, qsl, seq_lens, tables, fill_index, fill_row, logits_index, *tile_map = staging.upload(
+        arrays
     )
     fill_pending(ids, fill_index, fill_row, prev_sampled)
     meta = AttentionMetadata(
@@ -191,4 +200,6 @@ def upload_step(
         query_start_loc_cpu=step.query_start_loc.tolist(),
         seq_lens_cpu=step.seq_lens.tolist(),
     )
+    if tiles is not None:
+        meta.prefill_tiles, meta.tile_block_m, meta.split_rows = tile_map[0], tiles[1], SPLIT_PARTIAL_ROWS
     return ids, pos, meta, logits_index

@@ -8,7 +8,8 @@ graph's token count T:
 - the step's tokens are padded to T (slot -1: no KV written, a zero attention output);
 - its sequences to S = min(T, max_num_seqs) (no new tokens, length 0);
 - the decode kernel takes the first S rows, with a zero output past the step's leading decodes;
-- the prefill kernel runs a tile map of fixed length, whose spare programs return at once.
+- the prefill kernel runs a tile map of fixed length, whose spare programs return at once; the map may cut
+  long tiles' keys across programs (kernels/prefill_plan.py).
 
 The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
 sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.
@@ -29,7 +30,13 @@ import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import ModelConfig
-from roseinfer.kernels.prefill_plan import prefill_block_m, prefill_tile_map
+from roseinfer.kernels.prefill_plan import (
+    SPLIT_PARTIAL_ROWS,
+    TILE_ROWS,
+    TilePlanner,
+    leading_decodes,
+    prefill_block_m,
+)
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
 from roseinfer.runner.inputs import ALIGN, HostStep
 
@@ -72,12 +79,7 @@ def mixed_graph_sizes(max_tokens: int) -> list[int]:
 class MixedPlan(NamedTuple):
     size: int  # the graph's token count
     decodes: int  # the step's leading decodes
-    tiles: np.ndarray  # the prefill kernel's tile map [2, N]
-
-
-def _leading_decodes(q_lens: np.ndarray) -> int:
-    """How many sequences at the front have one new token (decode-first puts the decodes there)."""
-    return len(q_lens) if (q_lens == 1).all() else int(np.argmax(q_lens != 1))
+    tiles: np.ndarray  # the prefill kernel's tile map [TILE_ROWS, N]
 
 
 def _aligned(n: int) -> int:
@@ -93,9 +95,11 @@ class MixedGraphs:
         max_num_seqs: int,
         max_blocks_per_seq: int,
         block_size: int,
+        num_heads: int,
         head_dim: int,
         dtype: torch.dtype,
         max_chunks: int = MAX_CHUNKS,
+        key_splits: bool = True,
     ) -> None:
         self.forward = forward  # (ids, positions, meta) -> hidden [T, H]
         self.device = device
@@ -105,12 +109,15 @@ class MixedGraphs:
         self.width = max_blocks_per_seq
         self.block_size = block_size
         self.block_m = {t: prefill_block_m(head_dim, dtype, t) for t in self.sizes}
-        self.num_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
+        self.planner = TilePlanner(num_heads, head_dim, dtype, device, key_splits)
+        # Every q tile of t tokens, one more per prompt chunk, and room for key splits.
+        self.q_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
+        self.num_tiles = {t: self.planner.capacity(n) for t, n in self.q_tiles.items()}
         t_max, s_max = self.max_tokens, self._seqs(self.max_tokens)
         self.token_stride, self.seq_stride = _aligned(t_max + 1), _aligned(s_max + 1)
         self.tiles_at = len(TOKEN_ROWS) * self.token_stride + len(SEQ_ROWS) * self.seq_stride
         tiles_stride = _aligned(max(self.num_tiles.values(), default=0))
-        self.tables_at = self.tiles_at + 2 * tiles_stride
+        self.tables_at = self.tiles_at + TILE_ROWS * tiles_stride
         numel = self.tables_at + s_max * self.width
         self.inputs = torch.zeros(numel, dtype=torch.int32, device=device)
         tokens = self.inputs[: len(TOKEN_ROWS) * self.token_stride].view(len(TOKEN_ROWS), -1)
@@ -118,7 +125,7 @@ class MixedGraphs:
         seqs = self.inputs[tokens.numel() : self.tiles_at].view(len(SEQ_ROWS), -1)
         self.query_start_loc, self.seq_lens, self.decode_seq_lens = seqs[0], seqs[1], seqs[2]
         self.fill_index, self.fill_row, self.logits_index = seqs[3], seqs[4], seqs[5]
-        self.tiles = self.inputs[self.tiles_at : self.tables_at].view(2, tiles_stride)
+        self.tiles = self.inputs[self.tiles_at : self.tables_at].view(TILE_ROWS, tiles_stride)
         self.tiles.fill_(-1)
         self.slots.fill_(-1)  # the warm-up and capture forwards write no KV
         self.block_tables = torch.zeros(s_max, self.width, dtype=torch.int32, device=device)
@@ -144,6 +151,7 @@ class MixedGraphs:
             seq_lens_cpu=[],
             prefill_tiles=self.tiles[:, : self.num_tiles[size]],
             tile_block_m=self.block_m[size],
+            split_rows=SPLIT_PARTIAL_ROWS if self.planner.split is not None else 0,
             decode_seq_lens=self.decode_seq_lens[:s],
         )
 
@@ -170,12 +178,12 @@ class MixedGraphs:
         if len(step.fill_row) and int(step.fill_row.max()) >= len(self.prev):
             return None
         q_lens = np.diff(step.query_start_loc)
-        decodes = _leading_decodes(q_lens)
+        decodes = leading_decodes(q_lens)
         block_m, n = self.block_m[size], self.num_tiles[size]
-        if int((-(-q_lens[decodes:] // block_m)).sum()) > n:
+        if int((-(-q_lens[decodes:] // block_m)).sum()) > self.q_tiles[size]:
             return None
         return MixedPlan(
-            size, decodes, prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
+            size, decodes, self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
         )
 
     def run(self, step: HostStep, plan: MixedPlan, prev_sampled: torch.Tensor | None) -> torch.Tensor:
@@ -201,7 +209,7 @@ class MixedGraphs:
         seqs[3, :f], seqs[3, f:s] = step.fill_index, self.max_tokens  # the scratch entry
         seqs[4, :f], seqs[4, f:s] = step.fill_row, 0
         seqs[5, :r] = step.logits_index
-        tiles = buf[self.tiles_at : self.tables_at].reshape(2, -1)
+        tiles = buf[self.tiles_at : self.tables_at].reshape(TILE_ROWS, -1)
         tiles[:, : plan.tiles.shape[1]] = plan.tiles
         host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)
         if f:

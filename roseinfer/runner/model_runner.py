@@ -9,6 +9,7 @@ from torch import nn
 from roseinfer.attention.backend import get_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import EngineConfig
+from roseinfer.kernels.prefill_plan import TilePlanner
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
@@ -60,6 +61,12 @@ class ModelRunner:
         if hasattr(self.model, "one_token_gemv"):
             self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
+        # Eager steps' prefill tile maps, where short chunks over long prefixes are worth splitting by keys.
+        self.tile_planner = (
+            TilePlanner(self.cfg.num_heads, self.cfg.head_dim, self.dtype, self.device)
+            if self.backend.takes_tile_maps and config.prefill_key_splits
+            else None
+        )
         if (
             config.fold_norms
             and self.backend.defers_norm
@@ -80,8 +87,9 @@ class ModelRunner:
         cap = auto_mixed_graph_max_tokens(self.cfg) if cap is None else cap
         # The largest step with prefill work that replays a graph (where graphs are captured at all).
         self.mixed_graph_max_tokens = min(cap, config.scheduler.max_num_batched_tokens)
-        # Steps launched by each path: decode graph, mixed-step graph, eager.
-        self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0}
+        # Steps launched by each path: decode graph, mixed-step graph, eager; and of the last two, those
+        # whose prefill attention cut some chunk's keys across programs.
+        self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0}
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_cache: SamplingBatch | None = None
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
@@ -182,9 +190,11 @@ class ModelRunner:
             self.config.scheduler.max_num_seqs,
             self.max_blocks_per_seq,
             self.block_size,
+            self.cfg.num_heads,
             self.cfg.head_dim,
             self.dtype,
             max_chunks,
+            key_splits=self.config.prefill_key_splits,
         )
 
     def warm_up(self) -> None:
@@ -220,7 +230,11 @@ class ModelRunner:
             if not use_graph and self.mixed_graphs is not None:
                 mixed = self.mixed_graphs.plan(step)
             if not use_graph and mixed is None:
-                ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled)
+                tiles = None
+                if self.tile_planner is not None and step.max_query_len > 1:
+                    tiles = self.tile_planner.eager_map(step.query_start_loc, step.seq_lens)
+                    self.step_paths["key_split"] += tiles is not None
+                ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled, tiles)
             rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
             reqs = [out.scheduled[i].request for i in rows]
             batch = self._sampling_batch(rows, reqs) if rows else None
@@ -238,6 +252,7 @@ class ModelRunner:
             elif mixed is not None:
                 assert self.mixed_graphs is not None
                 sampled_hidden = self.mixed_graphs.run(step, mixed, self.last_sampled)
+                self.step_paths["key_split"] += bool((mixed.tiles[3] > 1).any())
                 if rows:
                     logits = self.model.compute_logits(sampled_hidden)
                 self.step_paths["mixed_graph"] += 1

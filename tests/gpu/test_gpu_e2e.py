@@ -133,6 +133,28 @@ def test_mixed_step_graphs_match_hf_on_gpu(model_dir, budget):
     assert llm.engine.core.kv.num_hit_tokens > 0
 
 
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
+def test_prefill_key_splits_match_hf_on_gpu(model_dir, eager):
+    """Short chunks over long prefixes (a small token budget, then prefix-cache hits): prefill attention
+    cuts their keys across programs, in eager steps and in mixed-step graphs; against HF in float32, and
+    against the same engine with the splits off."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=43, lengths=[470, 300, 7, 385])
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    common = dict(num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=32)
+    llm = fp32_triton_engine(directory, eager, **common)
+    assert token_ids(llm, prompts) == want
+    assert token_ids(llm, prompts) == want  # hits: one chunk after ~460 cached tokens
+    paths = llm.engine.core.runner.step_paths
+    assert paths["key_split"] > 0, paths
+    assert paths["eager" if eager else "mixed_graph"] >= paths["key_split"], paths
+    del llm
+    free_gpu()
+    off = fp32_triton_engine(directory, eager, prefill_key_splits=False, **common)
+    assert token_ids(off, prompts) == want
+    assert off.engine.core.runner.step_paths["key_split"] == 0
+
+
 def test_long_prefill_steps_replay_graphs_by_default_on_gpu(model_dir):
     """Unset, the graphs' token cap comes from the model's size: the tiny models' small layers give the upper
     bound, so a first step of 1,199 prompt tokens (four prompts) and the later ones beside decodes replay

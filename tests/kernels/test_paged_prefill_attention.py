@@ -9,11 +9,12 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 import numpy as np  # noqa: E402
 
+from roseinfer.kernels.paged_decode_split import live_counters  # noqa: E402
 from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
-from roseinfer.kernels.prefill_plan import prefill_tile_map  # noqa: E402
+from roseinfer.kernels.prefill_plan import TILE_ROWS, KeySplit, key_split_for, prefill_tile_map  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
 
 
@@ -144,16 +145,21 @@ def _run_tile_map(
     spare: int,
     block_size: int = 16,
     pad_rows: int = 0,
-) -> None:
+    split: KeySplit | None = None,
+) -> np.ndarray:
     """The tile-map launch (a CUDA graph's fixed grid, `spare` idle programs) against the reference, for
-    sequences first_seq.. (the earlier ones are decodes, left to the decode kernel)."""
+    sequences first_seq.. (the earlier ones are decodes, left to the decode kernel). With `split`, the map
+    may cut tiles' keys across programs. Returns the tile map."""
     gen = generator("prefill-tiles", q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m)
     seq_lens = [p + n for p, n in zip(q_lens, prefix_lens, strict=True)]
     cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
     starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     needed = sum(-(-n // block_m) for n in q_lens[first_seq:])
-    host_tiles = prefill_tile_map(starts, np.array(seq_lens), first_seq, block_m, needed + spare)
-    assert (host_tiles[:, needed:] == -1).all() and (host_tiles[:, :needed] >= 0).all()
+    capacity = needed + spare
+    host_tiles = prefill_tile_map(starts, np.array(seq_lens), first_seq, block_m, capacity, split)
+    used = int((host_tiles[0] >= 0).sum())
+    assert (host_tiles[:, used:] == -1).all() and (host_tiles[:, :used] >= 0).all()
+    assert used == needed if split is None else used >= needed
     tiles = torch.from_numpy(host_tiles).to(DEVICE)
     qsl = torch.from_numpy(starts).to(DEVICE)
     q = randn((int(starts[-1]) + pad_rows, num_heads, head_dim), dtype, gen)
@@ -168,13 +174,21 @@ def _run_tile_map(
     )
     out = torch.full_like(q, float("nan"))
     # max_query_len and first_seq are deliberately wrong: a tile-map launch must not read them.
-    paged_prefill_attention(q, *args[:5], 1, args[6], out=out, block_m=block_m, tiles=tiles)
+    split_rows = split.max_rows if split is not None else 0
+    # Key splits write partials that must not reach the output: leave them garbage (NaN) before the launch.
+    paged_prefill_attention(
+        q, *args[:5], 1, args[6], out=out, block_m=block_m, tiles=tiles, split_rows=split_rows
+    )
     ref = paged_prefill_attention_ref(q, *args)
     begin, end = int(starts[first_seq]), int(starts[-1])
     assert torch.isnan(out[:begin]).all(), "rows of sequences before first_seq were written"
     assert torch.isnan(out[end:]).all(), "rows outside every sequence were written"
     if begin < end:
         assert_close(out[begin:end], ref[begin:end], dtype)
+    if split is not None:
+        counters = live_counters(DEVICE)
+        assert counters is None or int(counters.count_nonzero()) == 0, "a merge ticket was left taken"
+    return host_tiles
 
 
 @pytest.mark.parametrize(
@@ -195,8 +209,9 @@ def test_prefill_tile_map_orders_tiles_and_checks_its_capacity() -> None:
     starts = np.array([0, 1, 41, 46], np.int32)  # q_lens 1 (a decode), 40, 5
     seq_lens = np.array([10, 40, 105], np.int32)  # prefixes 9, 0, 100
     tiles = prefill_tile_map(starts, seq_lens, 1, 16, 6)
-    # Keys each tile reads: seq 2 ends at 105; seq 1's tiles at 40, 32, 16; one spare program.
-    assert tiles.tolist() == [[2, 1, 1, 1, -1, -1], [0, 2, 1, 0, -1, -1]]
+    # Keys each tile reads: seq 2 ends at 105; seq 1's tiles at 40, 32, 16; one spare program. No splits.
+    assert tiles[:2].tolist() == [[2, 1, 1, 1, -1, -1], [0, 2, 1, 0, -1, -1]]
+    assert tiles[2:, :4].tolist() == [[0] * 4, [1] * 4, [0] * 4]
     with pytest.raises(ValueError, match="exceed"):
         prefill_tile_map(starts, seq_lens, 1, 16, 3)
     q = torch.zeros((46, 2, 32))
@@ -212,6 +227,84 @@ def test_prefill_tile_map_orders_tiles_and_checks_its_capacity() -> None:
             1.0,
             tiles=torch.from_numpy(tiles),
         )
+
+
+def test_prefill_tile_map_splits_long_tiles_within_its_limits() -> None:
+    starts = np.array([0, 1, 41, 46], np.int32)  # q_lens 1 (a decode), 40, 5
+    seq_lens = np.array([10, 40, 105], np.int32)  # prefixes 9, 0, 100: tiles of 16, 32, 40 and 105 keys
+    split = KeySplit(num_heads=2, block_n=16, target_programs=32, min_keys=16, max_rows=64)
+    tiles = prefill_tile_map(starts, seq_lens, 1, 16, 16, split)
+    seq, block, piece, splits, first_row = tiles[:, : int((tiles[0] >= 0).sum())]
+    # One program per key tile would take 91 partial rows (> 64), so each program takes two key tiles: seq
+    # 2's tile (7 key tiles) in 4, seq 1's last tile (3) in 2. Longest programs first.
+    assert list(zip(seq, block, piece, splits, first_row, strict=True)) == [
+        (1, 1, 0, 1, 0),
+        (2, 0, 0, 4, 16),
+        (2, 0, 1, 4, 16),
+        (2, 0, 2, 4, 16),
+        (2, 0, 3, 4, 16),
+        (1, 2, 0, 2, 0),
+        (1, 2, 1, 2, 0),
+        (1, 0, 0, 1, 0),
+    ]
+    # The partials' rows: seq 1's last tile 2 x 8 rows from 0, seq 2's tile 4 x 5 rows from 16.
+    assert (tiles[:, 8:] == -1).all()
+    # Enough programs already, or keys too few to split: one program a tile.
+    many = KeySplit(num_heads=64, block_n=16, target_programs=32, min_keys=16)
+    assert (prefill_tile_map(starts, seq_lens, 1, 16, 16, many)[3, :4] == 1).all()
+    short = KeySplit(num_heads=2, block_n=16, target_programs=32, min_keys=256)
+    assert (prefill_tile_map(starts, seq_lens, 1, 16, 16, short)[3, :4] == 1).all()
+    # The capacity bounds the splits too: 6 entries for 4 tiles.
+    capped = prefill_tile_map(starts, seq_lens, 1, 16, 6, split)
+    assert (capped[0] >= 0).sum() <= 6 and (capped[3] > 1).any()
+
+
+# (q_lens, prefix_lens, first_seq): short chunks over long prefixes (the case splits serve), beside decodes
+# and a fresh prompt; lengths off block and tile boundaries; a chunk whose last share holds only diagonal
+# tiles, so some rows of a share see no key.
+SPLIT_CASES = {
+    "chunks-over-prefixes": ([1, 1, 7, 33, 20], [40, 17, 150, 95, 0], 2),
+    "one-short-chunk": ([5], [201], 0),
+    "diagonal-shares": ([48, 3], [0, 64], 0),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_prefill_key_splits_match_reference(case: str, block_m: int) -> None:
+    q_lens, prefix_lens, first_seq = SPLIT_CASES[case]
+    split = KeySplit(num_heads=4, block_n=16, target_programs=64, min_keys=16, max_rows=256)
+    tiles = _run_tile_map(
+        q_lens, prefix_lens, 4, 2, 32, torch.float32, block_m, first_seq, spare=40, pad_rows=2, split=split
+    )
+    assert (tiles[3] > 1).any(), "the case cut no tile's keys: it tests nothing"
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+def test_prefill_key_splits_of_any_count_match_reference(num_splits: int) -> None:
+    """Shares fixed by hand, more than some tiles have key tiles: empty shares and shares of diagonal tiles
+    only must merge to the same output."""
+    q_lens, prefix_lens = [3, 40, 9], [30, 0, 64]
+    gen = generator("prefill-split-count", num_splits)
+    seq_lens = [p + n for p, n in zip(q_lens, prefix_lens, strict=True)]
+    cache = make_paged_cache(seq_lens, 16, 2, 32, torch.float32, gen)
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    base = prefill_tile_map(starts, np.array(seq_lens), 0, 16, 5)[:, :5]  # 5 tiles, one program each
+    rows = np.minimum(16, np.array(q_lens)[base[0]] - base[1] * 16)
+    first_row = np.cumsum(rows * num_splits) - rows * num_splits
+    tiles = np.full((TILE_ROWS, 5 * num_splits + 3), -1, np.int32)
+    for t in range(5):
+        for p in range(num_splits):
+            tiles[:, t * num_splits + p] = (base[0, t], base[1, t], p, num_splits, first_row[t])
+    q = randn((int(starts[-1]), 4, 32), torch.float32, gen)
+    args = (cache.k_cache, cache.v_cache, cache.block_tables, torch.from_numpy(starts).to(DEVICE), cache.seq_lens)
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_attention(
+        q, *args, 1, 32**-0.5, out=out, block_m=16, tiles=torch.from_numpy(tiles).to(DEVICE), split_rows=512
+    )
+    ref = paged_prefill_attention_ref(q, *args, max(q_lens), 32**-0.5)
+    assert_close(out, ref, torch.float32)
+    assert int(live_counters(DEVICE).count_nonzero()) == 0
 
 
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
@@ -240,11 +333,15 @@ def test_prefill_gpu(
     [(14, 2, 64, 64), (32, 8, 128, 128), (16, 16, 128, 32)],
     ids=["qwen0.5b", "llama8b", "mha-m32"],
 )
+@pytest.mark.parametrize("key_split", [False, True], ids=["tiles", "key-splits"])
 def test_prefill_tile_map_gpu(
-    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_m: int
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_m: int, key_split: bool
 ):
-    q_lens = [1] * 37 + [191, 64, 1, 129, 3]
-    prefix_lens = list(range(100, 137)) + [0, 1024, 5, 300, 2000]
-    _run_tile_map(
-        q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m, 37, spare=40, pad_rows=7
-    )
+    q_lens = [1] * 37 + [191, 64, 1, 129, 3, 100, 17]
+    prefix_lens = list(range(100, 137)) + [0, 1024, 5, 300, 2000, 900, 3001]
+    split = key_split_for(num_heads, head_dim, dtype, DEVICE) if key_split else None
+    tiles = _run_tile_map(
+        q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m, 37, spare=40, pad_rows=7,
+        split=split,
+    )  # fmt: skip
+    assert not key_split or (tiles[3] > 1).any(), "no tile's keys were cut"

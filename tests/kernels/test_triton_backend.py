@@ -260,15 +260,17 @@ def test_warm_up_reads_the_cache_and_writes_nothing() -> None:
         ([16, 17, 3, 0], [1, 1, 16, 17], 1, 5),  # decodes at block boundaries, chunks at tile edges
         ([0, 40], [3, 1], 11, 16),  # no leading decodes; more sequence rows than tokens would need
         ([9, 30], [1, 1], 2, 4),  # decodes only: every tile spare
+        ([40, 70, 150], [1, 3, 20], 3, 5),  # chunks over long prefixes: their keys are cut when allowed
     ],
 )
-def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs) -> None:
+@pytest.mark.parametrize("key_split", [False, True], ids=["tiles", "key-splits"])
+def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs, key_split) -> None:
     """The mixed-step graphs' path (every launch shape fixed by the graph's size): padded sequences of
     length 0, the decode kernel over the first `num_seqs` rows, the prefill kernel over a tile map with
-    spare programs. Same output as the reference; padding rows zero."""
+    spare programs, which may cut tiles' keys. Same output as the reference; padding rows zero."""
     import numpy as np
 
-    from roseinfer.kernels.prefill_plan import prefill_tile_map
+    from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, KeySplit, prefill_tile_map
 
     gen = generator(f"backend-fixed-{q_lens}")
     batch = _Batch(prefix_lens, q_lens, num_pad, 6, 2, 32, 16, torch.float32, gen)
@@ -278,7 +280,10 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs) 
     seq_lens = np.array(m.seq_lens_cpu + [0] * (num_seqs - b), np.int32)
     decodes = next((i for i, n in enumerate(q_lens) if n != 1), b)
     block_m = 16
-    tiles = prefill_tile_map(starts, seq_lens, decodes, block_m, -(-t // block_m) + b)
+    split = KeySplit(num_heads=6, block_n=16, target_programs=64, min_keys=16) if key_split else None
+    tiles = prefill_tile_map(starts, seq_lens, decodes, block_m, -(-t // block_m) + b + 8, split)
+    if key_split and max(prefix_lens[decodes:], default=0) >= 64:
+        assert (tiles[3] > 1).any(), "no tile's keys were cut: the case tests nothing new"
     tables = torch.zeros((num_seqs, m.block_tables.shape[1] + 2), dtype=torch.int32, device=DEVICE)
     tables[:b, : m.block_tables.shape[1]] = m.block_tables
     batch.meta = AttentionMetadata(
@@ -292,7 +297,50 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs) 
         seq_lens_cpu=[],
         prefill_tiles=torch.from_numpy(tiles).to(DEVICE),
         tile_block_m=block_m,
+        split_rows=SPLIT_PARTIAL_ROWS if key_split else 0,
         decode_seq_lens=torch.from_numpy(np.where(np.arange(num_seqs) < decodes, seq_lens, 0)).to(DEVICE),
     )
     out = batch.run()
     assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))
+
+
+def test_backend_eager_step_with_key_splits() -> None:
+    """An eager step whose chunks sit over long prefixes: the planner's tile map cuts their keys across
+    programs; the decodes in front still take the decode kernel. Same output as the reference."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, TilePlanner
+
+    gen = generator("backend-eager-split")
+    batch = _Batch([20, 300, 170, 0], [1, 5, 19, 3], 2, 6, 2, 32, 16, torch.float32, gen)
+    planner = TilePlanner(6, 32, torch.float32, DEVICE)
+    planner.split = replace(planner.split, target_programs=96, min_keys=64)
+    starts, seq_lens = np.array(batch.meta.query_start_loc_cpu), np.array(batch.meta.seq_lens_cpu)
+    planned = planner.eager_map(starts, seq_lens)
+    assert planned is not None
+    tiles, block_m = planned
+    assert (tiles[3] > 1).any() and (tiles[0] >= 1).all()  # seq 0 (a decode) is left to the decode kernel
+    batch.meta.prefill_tiles = torch.from_numpy(tiles).to(DEVICE)
+    batch.meta.tile_block_m, batch.meta.split_rows = block_m, SPLIT_PARTIAL_ROWS
+    out = batch.run()
+    assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))
+    assert int(live_counters(DEVICE).count_nonzero()) == 0
+
+
+def test_planner_leaves_steps_that_fill_the_gpu_to_the_plain_grid() -> None:
+    import numpy as np
+
+    from roseinfer.kernels.prefill_plan import TilePlanner
+
+    planner = TilePlanner(6, 32, torch.float32, DEVICE)
+    target = planner.split.target_programs
+    many = np.array([16] * target, np.int64)  # a q tile each: already target x 6 programs
+    starts = np.concatenate([[0], np.cumsum(many)])
+    assert planner.eager_map(starts, many + 2000) is None
+    one = np.array([0, 1, 2, 7])  # decodes, then a 5-token chunk
+    assert planner.eager_map(one[:3], np.array([40, 50])) is None  # decodes only
+    assert planner.eager_map(one, np.array([40, 50, 5 + planner.split.min_keys // 2])) is None  # few keys
+    planned = planner.eager_map(one, np.array([40, 50, 5 + 8 * planner.split.min_keys]))
+    assert planned is not None and (planned[0][3] > 1).any()
