@@ -292,10 +292,14 @@ def _prefill_kernel(
 
     o_ptrs = out_ptr + tok[:, None] * stride_ot + head * stride_oh + d[None, :]
     o_mask = row_mask[:, None] & d_mask[None, :]
-    if num_splits == 1:
+    # The merge is compiled only into the KEY_SPLIT variant (its atomics need an int32 counter buffer).
+    whole = True
+    if KEY_SPLIT:
+        whole = num_splits == 1
+    if whole:
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
-    else:
+    elif KEY_SPLIT:
         # Partials are [rows, Hq] (m, l) and [rows, Hq, HEAD_DIM] (acc): the tile's splits take consecutive
         # runs of its rows from part_base on.
         rows_here = tl.minimum(BLOCK_M, q_len - m0)
@@ -381,7 +385,8 @@ def paged_prefill_attention(
     d_pad = max(16, triton.next_power_of_2(head_dim))
     cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype)
     block_n = block_n or cfg_n
-    part_m = part_l = part_acc = counters = out  # not read unless the keys are split
+    part_m = part_l = part_acc = out  # not read unless the keys are split
+    counters = query_start_loc
     tile_map = tiles is not None
     if tiles is not None:
         if block_m is None:

@@ -43,8 +43,6 @@ MIN_KEYS_PER_SPLIT = 256
 # Rows of partials one launch's key splits may write ([rows, heads, head_dim] fp32: 32 MiB at llama-3.1-8b's
 # heads): a 100-token chunk cut 16 ways takes 1,600.
 SPLIT_PARTIAL_ROWS = 2048
-# Programs per SM the splits aim for: one 8-warp 128 x 32 program (llama's tile) or two 4-warp ones fill one.
-SPLIT_PROGRAMS_PER_SM = 2
 
 
 @dataclass(frozen=True)
@@ -55,29 +53,38 @@ class KeySplit:
 
     num_heads: int
     block_n: int
-    target_programs: int  # programs that fill the GPU
+    wave: int  # programs the GPU runs at once
     min_keys: int = MIN_KEYS_PER_SPLIT
     max_rows: int = SPLIT_PARTIAL_ROWS
 
 
 def key_split_for(num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> KeySplit:
+    """The engine's split policy for a model's heads. An SM holds one 8-warp program of the 128-row tile (230
+    registers a thread with the merge) and at least two of the 4-warp ones."""
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    block_n = prefill_config(d_pad, dtype)[1]
-    return KeySplit(num_heads, block_n, SPLIT_PROGRAMS_PER_SM * num_sms(device))
+    _, block_n, num_warps, _ = prefill_config(d_pad, dtype)
+    per_sm = 1 if num_warps >= 8 else 2
+    return KeySplit(num_heads, block_n, per_sm * num_sms(device))
 
 
 def _split_counts(keys: np.ndarray, rows: np.ndarray, split: KeySplit, capacity: int) -> np.ndarray:
-    """Splits per q tile: each program walks about the same number of key tiles, enough programs to fill the
-    GPU, none shorter than `min_keys`, within the map's capacity and the partials' rows."""
+    """Splits per q tile: programs that each walk about the same number of key tiles, none shorter than
+    `min_keys`, all in one wave (a second wave of programs costs more than the split saves), within the
+    map's capacity and the partials' rows. No splits when the tiles alone fill a wave."""
+    counts = np.ones(len(keys), np.int64)
+    if len(keys) * split.num_heads >= split.wave:
+        return counts
     key_tiles = -(-keys // split.block_n)
     work = int(key_tiles.sum()) * split.num_heads
-    per_program = max(-(-work // split.target_programs), -(-split.min_keys // split.block_n), 1)
+    per_program = max(-(-work // split.wave), -(-split.min_keys // split.block_n), 1)
     most = np.minimum(np.maximum(key_tiles, 1), MAX_KEY_SPLITS)
     while True:
         counts = np.minimum(-(-key_tiles // per_program), most).clip(min=1)
-        if counts.sum() <= capacity and int((rows * counts)[counts > 1].sum()) <= split.max_rows:
+        total = int(counts.sum())
+        fits = total * split.num_heads <= split.wave and total <= capacity
+        if fits and int((rows * counts)[counts > 1].sum()) <= split.max_rows:
             return counts
-        per_program *= 2
+        per_program += max(1, per_program // 8)
 
 
 def prefill_tile_map(
@@ -132,8 +139,8 @@ class TilePlanner:
         self.head_dim = head_dim
         self.dtype = dtype
         self.split = key_split_for(num_heads, head_dim, dtype, device) if key_splits else None
-        # Programs a map holds beyond one per q tile, for key splits: about what fills the GPU.
-        self.split_entries = -(-self.split.target_programs // num_heads) if self.split is not None else 0
+        # Programs a map holds beyond one per q tile, for key splits: at most a wave's.
+        self.split_entries = -(-self.split.wave // num_heads) if self.split is not None else 0
 
     def capacity(self, q_tiles: int) -> int:
         return q_tiles + self.split_entries
@@ -152,7 +159,7 @@ class TilePlanner:
             return None
         block_m = prefill_block_m(self.head_dim, self.dtype, int(q_lens[first:].max()))
         q_tiles = int((-(-q_lens[first:] // block_m)).sum())
-        if q_tiles * self.split.num_heads >= self.split.target_programs:
+        if q_tiles * self.split.num_heads >= self.split.wave:
             return None
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
         if not (tiles[3] > 1).any():

@@ -280,7 +280,7 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs, 
     seq_lens = np.array(m.seq_lens_cpu + [0] * (num_seqs - b), np.int32)
     decodes = next((i for i, n in enumerate(q_lens) if n != 1), b)
     block_m = 16
-    split = KeySplit(num_heads=6, block_n=16, target_programs=64, min_keys=16) if key_split else None
+    split = KeySplit(num_heads=6, block_n=16, wave=64, min_keys=16) if key_split else None
     tiles = prefill_tile_map(starts, seq_lens, decodes, block_m, -(-t // block_m) + b + 8, split)
     if key_split and max(prefix_lens[decodes:], default=0) >= 64:
         assert (tiles[3] > 1).any(), "no tile's keys were cut: the case tests nothing new"
@@ -316,7 +316,7 @@ def test_backend_eager_step_with_key_splits() -> None:
     gen = generator("backend-eager-split")
     batch = _Batch([20, 300, 170, 0], [1, 5, 19, 3], 2, 6, 2, 32, 16, torch.float32, gen)
     planner = TilePlanner(6, 32, torch.float32, DEVICE)
-    planner.split = replace(planner.split, target_programs=96, min_keys=64)
+    planner.split = replace(planner.split, wave=96, min_keys=64)
     starts, seq_lens = np.array(batch.meta.query_start_loc_cpu), np.array(batch.meta.seq_lens_cpu)
     planned = planner.eager_map(starts, seq_lens)
     assert planned is not None
@@ -330,12 +330,15 @@ def test_backend_eager_step_with_key_splits() -> None:
 
 
 def test_planner_leaves_steps_that_fill_the_gpu_to_the_plain_grid() -> None:
+    from dataclasses import replace
+
     import numpy as np
 
     from roseinfer.kernels.prefill_plan import TilePlanner
 
     planner = TilePlanner(6, 32, torch.float32, DEVICE)
-    target = planner.split.target_programs
+    planner.split = replace(planner.split, wave=48)  # 8 programs of 6 heads in one wave
+    target = planner.split.wave
     many = np.array([16] * target, np.int64)  # a q tile each: already target x 6 programs
     starts = np.concatenate([[0], np.cumsum(many)])
     assert planner.eager_map(starts, many + 2000) is None
