@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import functools
 
-import numpy as np
 import torch
+from sweep_prefill_tiles import HEADS
+from sweep_prefill_tiles import build as build_inputs
 
 from roseinfer.kernels._common import num_sms
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
@@ -25,7 +26,6 @@ from roseinfer.kernels.prefill_plan import (
     prefill_tile_map,
 )
 
-HEADS = {"llama-3.1-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 # (chunk tokens, cached prefix tokens) per sequence of the step
 CASES = {
     "1 x 100 over 900": [(100, 900)],
@@ -37,21 +37,10 @@ CASES = {
 }
 
 
-def build(case: list[tuple[int, int]], heads: tuple[int, int, int], block_size: int = 16):
-    hq, hkv, d = heads
-    dev = torch.device("cuda")
-    total = sum(c for c, _ in case)
-    seq_lens = np.array([c + p for c, p in case], np.int32)
-    width = max(-(-int(s) // block_size) for s in seq_lens)
-    num_blocks = width * len(case) + 1
-    k = torch.randn(num_blocks, block_size, hkv, d, device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    tables = torch.arange(len(case) * width, device=dev, dtype=torch.int32).view(len(case), width) + 1
-    q = torch.randn(total, hq, d, device=dev, dtype=torch.bfloat16)
-    starts = np.concatenate([[0], np.cumsum([c for c, _ in case])]).astype(np.int32)
-    qsl = torch.from_numpy(starts).to(dev)
-    sl = torch.from_numpy(seq_lens).to(dev)
-    return q, k, v, tables, qsl, sl, starts, seq_lens, max(c for c, _ in case)
+def build(case: list[tuple[int, int]], heads: tuple[int, int, int]):
+    """The tile sweep's inputs, plus host copies of the sequence rows for the tile maps."""
+    q, k, v, tables, qsl, sl, longest, _ = build_inputs(case, heads)
+    return q, k, v, tables, qsl, sl, qsl.cpu().numpy(), sl.cpu().numpy(), longest
 
 
 def bench(fn, reps: int = 50) -> float:
