@@ -110,7 +110,7 @@ def prefill_tile_map(
     keys = prefix + np.minimum((block + 1) * block_m, tile_q_lens)
     rows = np.minimum(block_m, tile_q_lens - block * block_m)
     splits = np.ones(total, np.int64)
-    if split is not None and total:
+    if split is not None:
         splits = _split_counts(keys, rows, split, capacity)
     # Each split tile's partials take `rows x splits` rows from its first partial row on.
     part_rows = np.where(splits > 1, rows * splits, 0)
@@ -151,16 +151,14 @@ class TilePlanner:
         return prefill_tile_map(query_start_loc, seq_lens, first_seq, block_m, capacity, self.split)
 
     def eager_map(self, query_start_loc: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, int] | None:
-        """(tile map, block_m) for an eager step whose q tiles leave the GPU short of programs and whose map
-        cuts some tile's keys; None: the plain grid serves it as well."""
+        """(tile map, block_m) for an eager step whose map cuts some tile's keys (its q tiles leave most of a
+        wave free); None: the plain grid serves it as well."""
         q_lens = np.diff(query_start_loc.astype(np.int64))
         first = leading_decodes(q_lens)
         if self.split is None or first == len(q_lens):
             return None
         block_m = prefill_block_m(self.head_dim, self.dtype, int(q_lens[first:].max()))
         q_tiles = int((-(-q_lens[first:] // block_m)).sum())
-        if q_tiles * self.split.num_heads >= self.split.wave:
-            return None
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
         if not (tiles[3] > 1).any():
             return None
