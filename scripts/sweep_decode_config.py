@@ -1,6 +1,7 @@
 """Paged decode attention as the decode graphs run it (the step's token appended, rotary in the kernel):
 graph-replay time per tile config (BLOCK_N, warps, stages) and split count, for qwen2.5-0.5b and
-llama-3.1-8b heads at batch 64 and W1/W2-like contexts (GPU only).
+llama-3.1-8b heads at batch 64 and W1/W2-like contexts (GPU only), with the rows served in their order and
+longest first (`decode_order`, the engine's order). `--spread` draws unequal contexts, as W2's batches have.
 
 Each replay runs eight layers of one block-major cache, so K/V come from HBM as in a model, not from the
 L2 a one-layer benchmark would keep them in. `graph` marks the split count a decode graph captured for a
@@ -18,13 +19,15 @@ import roseinfer.kernels.paged_decode_attention as pda
 import roseinfer.kernels.paged_decode_split as launch
 from roseinfer.bench.kernels import _median_ms
 from roseinfer.kernels.decode_new_token import NewTokenKV
-from roseinfer.kernels.paged_decode_split import choose_num_splits
+from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order
 
 LAYERS = 8
 BATCH = 64
 SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
 CONTEXTS = (576, 1024, 4096)
 SPLITS = (1, 2, 3, 4, 6, 8)
+# The rows' order: as given, or longest first (`decode_order`, as the engine launches them).
+ORDERS = ("rows", "longest-first")
 
 
 def graph_ms(fn) -> float:
@@ -47,6 +50,7 @@ class DecodeCase:
     q: torch.Tensor
     new_kv: NewTokenKV
     out: torch.Tensor
+    order: torch.Tensor | None = None
 
     def attend(self, splits: int, new_kv: NewTokenKV | None, layers: int = LAYERS) -> None:
         """The first `layers` layers' decode attention (all of them: as one step of a model runs it)."""
@@ -62,20 +66,26 @@ class DecodeCase:
                 out=self.out,
                 num_splits=splits,
                 new_kv=new_kv,
+                order=self.order,
             )
 
 
-def decode_case(hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator) -> DecodeCase:
+def decode_case(
+    hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator, spread: float = 0.0
+) -> DecodeCase:
+    """`spread` > 0 draws each sequence's length uniformly from ctx * [1 - spread, 1 + spread] (a W2-like
+    batch of mixed contexts); 0 gives every sequence `ctx` keys."""
     device, block_size = gen.device, 16
-    per_seq = -(-ctx // block_size)
+    per_seq = -(-int(ctx * (1 + spread)) // block_size)
     kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
     kv.normal_(generator=gen)
     tables = torch.randperm(BATCH * per_seq, generator=gen, device=device).view(BATCH, per_seq).int()
-    seq_lens = torch.full((BATCH,), ctx, dtype=torch.int32, device=device)
-    last = ctx - 1
-    slots = (tables[:, last // block_size] * block_size + last % block_size).int()
-    positions = torch.full((BATCH,), last, dtype=torch.int32, device=device)
-    cos_sin = torch.rand((ctx, d), generator=gen, device=device)
+    lo, hi = int(ctx * (1 - spread)), int(ctx * (1 + spread))
+    seq_lens = torch.randint(max(lo, 1), hi + 1, (BATCH,), generator=gen, device=device).int()
+    last = (seq_lens - 1).long()
+    slots = (tables.gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size).int()
+    positions = last.int()
+    cos_sin = torch.rand((hi, d), generator=gen, device=device)
     q = torch.randn(BATCH, hq, d, dtype=torch.bfloat16, device=device, generator=gen)
     k_new = torch.randn(BATCH, hkv, d, dtype=torch.bfloat16, device=device, generator=gen)
     new_kv = NewTokenKV(k_new, torch.randn_like(k_new), slots, (positions, cos_sin))
@@ -91,10 +101,11 @@ def sweep_case(
     configs: list[tuple[int, int, int]],
     splits_list: list[int],
     gen: torch.Generator,
+    spread: float = 0.0,
 ) -> list[tuple]:
-    case = decode_case(hq, hkv, d, ctx, gen)
+    case = decode_case(hq, hkv, d, ctx, gen, spread)
     device = gen.device
-    kv_bytes = 2 * BATCH * ctx * hkv * d * 2
+    kv_bytes = 2 * int(case.seq_lens.sum()) * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
     default_config = launch.decode_config
     now = default_config(d, torch.bfloat16)
@@ -103,20 +114,21 @@ def sweep_case(
         case.attend(splits, case.new_kv)
 
     rows = []
-    for config, splits in itertools.product(configs, splits_list):
+    longest_first = torch.from_numpy(decode_order(case.seq_lens.cpu().numpy())).to(device)
+    for config, splits, order in itertools.product(configs, splits_list, ORDERS):
+        case.order = longest_first if order == "longest-first" else None
         launch.decode_config = lambda *_, c=config: c
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
-            print(f"{name} ctx {ctx} {config} splits {splits}: {type(exc).__name__}")
+            print(f"{name} ctx {ctx} {config} splits {splits} {order}: {type(exc).__name__}")
             continue
         finally:
             launch.decode_config = default_config
-        mark = " ".join(m for m, on in (("graph", splits == in_graph), ("current", config == now)) if on)
-        rows.append((name, ctx, config, splits, ms * 1e3, kv_bytes / ms / 1e6, mark))
-        print(
-            f"{name} ctx {ctx} cfg {config} splits {splits}: {ms * 1e3:.2f} us {rows[-1][5]:.0f} GB/s {mark}"
-        )
+        engine = (("graph", splits == in_graph), ("current", config == now and order == ORDERS[1]))
+        mark = " ".join(m for m, on in engine if on)
+        rows.append((name, ctx, f"{config} splits {splits} {order}", ms * 1e3, kv_bytes / ms / 1e6, mark))
+        print(f"{name} ctx {ctx} cfg {rows[-1][2]}: {ms * 1e3:.2f} us {rows[-1][4]:.0f} GB/s {mark}")
     return rows
 
 
@@ -128,6 +140,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     parser.add_argument("--splits", default=",".join(map(str, SPLITS)))
+    parser.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        help="draw each sequence's length from ctx * [1 - s, 1 + s] (0: all equal)",
+    )
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
     # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
@@ -143,14 +161,14 @@ def main() -> None:
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     rows = []
     for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
-        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen)
+        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen, args.spread)
     print(
         "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
     )
     for name, ctx in itertools.product(shapes, contexts):
-        mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[4])
-        for r in mine[:3] + [r for r in mine if r[6] == "graph current"]:
-            print(f"  {name:13} ctx {ctx:5} cfg {r[2]} splits {r[3]}: {r[4]:7.2f} us {r[5]:6.0f} GB/s {r[6]}")
+        mine = sorted((r for r in rows if r[0] == name and r[1] == ctx), key=lambda r: r[3])
+        for r in mine[:3] + [r for r in mine if r[5] == "graph current"]:
+            print(f"  {name:13} ctx {ctx:5} cfg {r[2]}: {r[3]:7.2f} us {r[4]:6.0f} GB/s {r[5]}")
 
 
 if __name__ == "__main__":

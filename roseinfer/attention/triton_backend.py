@@ -142,6 +142,7 @@ class TritonAttentionBackend(AttentionBackend):
             out=out[:batch],
             num_splits=num_splits,
             new_kv=new_kv,
+            order=meta.decode_order,
         )
 
     def deferred_norm_pays(self, batch: int, head_dim: int) -> bool:
@@ -161,9 +162,10 @@ class TritonAttentionBackend(AttentionBackend):
         q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
         table = torch.zeros((1, 3), dtype=torch.int32, device=device)  # a width of no special value
         seq_lens = torch.ones(1, dtype=torch.int32, device=device)
+        order = torch.zeros(1, dtype=torch.int32, device=device)
         splits = 1
         while splits <= MAX_SPLITS:
-            paged_decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, num_splits=splits)
+            paged_decode_attention(q, k_cache, v_cache, table, seq_lens, 1.0, num_splits=splits, order=order)
             splits *= 2
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -12,6 +12,10 @@ would: it rotates q and the new k in registers, attends to the new token from th
 the cache slot. A decode step is then one launch per layer. With a `DeferredNorm` it also finishes the
 qkv projection (1 / rms of the row before the layer's norm, and the bias), so the norm needs no launch.
 
+Programs run in the order (kv head, row, split): a sequence's kv heads read its blocks side by side. Given
+an `order` (the rows by length, longest first), row r serves sequence `order[r]`: the long sequences start
+first and the short ones fill the tail, where in row order a long one started late would finish alone.
+
 The split boundaries come from `seq_lens` on the device, so the launch depends only on shapes and
 `num_splits` (CUDA-graph safe); `num_splits` only changes how the work is cut, never the result.
 """
@@ -31,6 +35,7 @@ from roseinfer.kernels._common import (
     gather_sequence_kv,
 )
 from roseinfer.kernels.decode_new_token import NewTokenKV, check_new_kv
+from roseinfer.kernels.decode_split_merge import merge_decode_splits
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
@@ -54,6 +59,7 @@ def _decode_kernel(
     cos_sin_ptr,
     x_ptr,
     bias_ptr,
+    order_ptr,
     qk_scale,
     num_q_heads,
     num_kv_heads,
@@ -90,12 +96,15 @@ def _decode_kernel(
     SPLIT: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     SPLITS_CHUNK: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(0)
     split = tl.program_id(2)
+    b = tl.program_id(1)
+    if HAS_ORDER:
+        b = tl.load(order_ptr + b)
     b64 = b.to(tl.int64)
 
     seq_len = tl.load(seq_lens_ptr + b)
@@ -224,38 +233,21 @@ def _decode_kernel(
         counter = counters_ptr + b64 * num_kv_heads + kvh
         ticket = tl.atomic_add(counter, 1)
         if ticket == num_splits - 1:
-            # Every split's partials in one round of loads (not a loop of dependent ones): [G, S] and
-            # [G, S, D] in chunks of SPLITS_CHUNK splits, weighted by exp2(m - max m).
-            sp = tl.arange(0, SPLITS_PAD)
-            ms_mask = g_mask[:, None] & (sp < num_splits)[None, :]
-            idx = rows[:, None] + sp[None, :]
-            m_all = tl.load(part_m_ptr + idx, mask=ms_mask, other=float("-inf"), cache_modifier=".cg")
-            l_all = tl.load(part_l_ptr + idx, mask=ms_mask, other=0.0, cache_modifier=".cg")
-            m_max = tl.max(m_all, axis=1)
-            m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
-            w_all = tl.exp2(m_all - m_max[:, None])
-            total = tl.sum(w_all * l_all, axis=1)
-            merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-            c = tl.arange(0, SPLITS_CHUNK)
-            for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
-                c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
-                m_c = tl.load(
-                    part_m_ptr + rows[:, None] + c0 + c[None, :],
-                    mask=c_mask,
-                    other=float("-inf"),
-                    cache_modifier=".cg",
-                )
-                w_c = tl.exp2(m_c - m_max[:, None])
-                acc_c = tl.load(
-                    part_acc_ptr
-                    + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM
-                    + d[None, None, :],
-                    mask=c_mask[:, :, None] & d_mask[None, None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
-            out = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+            out = merge_decode_splits(
+                part_m_ptr,
+                part_l_ptr,
+                part_acc_ptr,
+                rows,
+                g_mask,
+                d,
+                d_mask,
+                num_splits,
+                GROUP_PAD,
+                D_PAD,
+                HEAD_DIM,
+                SPLITS_PAD,
+                SPLITS_CHUNK,
+            )
             tl.store(o_rows, out.to(out_dtype), mask=q_mask)
             tl.atomic_xchg(counter, 0)  # ready for the next launch
 
@@ -276,6 +268,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     new_kv: NewTokenKV | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its `seq_lens[b]` keys; returns [B, Hq, D].
 
@@ -283,7 +276,8 @@ def paged_decode_attention(
     new token: taken from `new_kv` (rotated with q when it carries `rope`) and written to its cache slot
     by the kernel. A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from
     the batch shape and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with
-    the step's max_seq_len) to control it.
+    the step's max_seq_len) to control it. `order` [B] int32, a permutation of the rows, sets the order in
+    which they are served (`decode_order`); it never changes the result.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     batch, num_q_heads, q_dim = q.shape
@@ -305,6 +299,8 @@ def paged_decode_attention(
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if new_kv is not None:
         check_new_kv(new_kv, batch, num_q_heads, num_kv_heads, head_dim)
+    if order is not None and (order.shape != (batch,) or order.dtype != torch.int32):
+        raise ValueError(f"order must be int32 [{batch}], got {order.dtype} {tuple(order.shape)}")
     if batch == 0:
         return out
 
@@ -335,7 +331,8 @@ def paged_decode_attention(
     bias = norm.bias if norm is not None and norm.bias is not None else out
     hidden = x.shape[-1]
 
-    _decode_kernel[(batch, num_kv_heads, num_splits)](
+    # A sequence's kv heads are neighbours in the launch order, so they read its blocks together.
+    _decode_kernel[(num_kv_heads, batch, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -353,6 +350,7 @@ def paged_decode_attention(
         cos_sin,
         x,
         bias,
+        order if order is not None else seq_lens,
         scale * LOG2E,
         num_q_heads,
         num_kv_heads,
@@ -389,6 +387,7 @@ def paged_decode_attention(
         SPLIT=split,
         SPLITS_PAD=splits_pad,
         SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
+        HAS_ORDER=order is not None,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         num_warps=num_warps,

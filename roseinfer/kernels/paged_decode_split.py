@@ -4,6 +4,7 @@ Host-side only: no kernels here."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 
@@ -30,6 +31,16 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
     splits = triton.cdiv(target, programs)
     splits = min(splits, triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), MAX_SPLITS)
     return max(1, splits)
+
+
+def decode_order(seq_lens: np.ndarray) -> np.ndarray:
+    """The decode kernel's rows, longest sequence first (int32), for its `order`.
+
+    In row order a long sequence launched near the end of the grid finishes alone: at batch 128 with
+    contexts spread over 0.15-1.85x their mean, llama-3.1-8b's decode attention took 141.8 us a layer in
+    row order and 123.8 us in this order (H100, scripts/sweep_decode_config.py; W2 llama +2%).
+    """
+    return np.argsort(-seq_lens.astype(np.int64), kind="stable").astype(np.int32)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}

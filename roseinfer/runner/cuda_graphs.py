@@ -24,7 +24,17 @@ from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.runner.inputs import ALIGN, HostStep
 
 # The per-row int32 inputs, in buffer order; the seeds (int64) take the two rows after them.
-ROWS = ("ids", "positions", "slots", "seq_lens", "fill_index", "fill_row", "logits_index", "temperature")
+ROWS = (
+    "ids",
+    "positions",
+    "slots",
+    "seq_lens",
+    "fill_index",
+    "fill_row",
+    "logits_index",
+    "decode_order",
+    "temperature",
+)
 SEEDS_ROW = len(ROWS)
 NUM_ROWS = len(ROWS) + 2
 
@@ -128,9 +138,10 @@ class DecodeGraphs:
         self.inputs = torch.zeros(numel, **i32)
         rows = self.inputs[: self.tables_at].view(NUM_ROWS, self.stride)
         self.ids, self.positions, self.slots, self.seq_lens = rows[0], rows[1], rows[2], rows[3]
-        self.fill_index, self.fill_row, self.logits_index = rows[4], rows[5], rows[6]
+        self.fill_index, self.fill_row, self.logits_index, self.order = rows[4], rows[5], rows[6], rows[7]
         self.slots.fill_(-1)  # the warm-up and capture forwards write no KV
-        self.temperature = rows[7].view(torch.float32)
+        self.order.copy_(torch.arange(self.stride, **i32))
+        self.temperature = rows[8].view(torch.float32)
         self.seeds = rows[SEEDS_ROW : SEEDS_ROW + 2].reshape(-1).view(torch.int64)
         self.query_start_loc = torch.arange(g + 1, **i32)
         self.block_tables = torch.zeros(g, w, **i32)
@@ -150,6 +161,7 @@ class DecodeGraphs:
             max_seq_len=self.width * self.block_size,  # launch shapes for the longest context
             query_start_loc_cpu=list(range(size + 1)),
             seq_lens_cpu=[1] * size,
+            decode_order=self.order[:size],
         )
 
     def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
@@ -203,11 +215,13 @@ class DecodeGraphs:
         rows[4, :f], rows[4, f:size] = step.fill_index, self.max_batch  # the scratch row
         rows[5, :f], rows[5, f:size] = step.fill_row, 0
         rows[6, :r] = step.logits_index
+        rows[7, :b] = step.decode_order if len(step.decode_order) == b else np.arange(b)
+        rows[7, b:size] = np.arange(b, size)  # padding rows last
         if temperature is None:
-            rows[7, :size] = 0  # the bits of 0.0
+            rows[8, :size] = 0  # the bits of 0.0
         else:
-            rows[7, :b] = temperature.view(np.int32)
-            rows[7, b:size] = 0
+            rows[8, :b] = temperature.view(np.int32)
+            rows[8, b:size] = 0
             seeds = rows[SEEDS_ROW : SEEDS_ROW + 2].reshape(-1).view(np.int64)
             seeds[:b] = np.arange(seed, seed + b, dtype=np.int64)
         host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
-from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS
+from roseinfer.kernels.paged_decode_split import decode_order
+from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, leading_decodes
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 
@@ -30,6 +31,8 @@ class HostStep:
     fill_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [F]
     # The row of each sampled token's logits (a sequence's last new token, once per sample).
     logits_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
+    # The leading decodes' rows in the order the decode kernel serves them, longest first (`decode_order`).
+    decode_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [D]
 
     @property
     def num_tokens(self) -> int:
@@ -96,18 +99,20 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     slots = slots * block_size + positions % block_size
     samples = np.fromiter(map(_NUM_SAMPLES, sched), np.int64, n)
     last = cu[1:] - 1
+    seq_lens = starts + lens
     i32 = np.int32
     return HostStep(
         input_ids=ids.astype(i32),
         positions=positions.astype(i32),
         slot_mapping=slots.astype(i32),
         query_start_loc=cu.astype(i32),
-        seq_lens=(starts + lens).astype(i32),
+        seq_lens=seq_lens.astype(i32),
         block_tables=tables,
         max_query_len=max_query_len,
         fill_index=last[pending].astype(i32),
         fill_row=np.fromiter(map(_PENDING_ROW, reqs), i32, n)[pending],
         logits_index=(last if (samples == 1).all() else np.repeat(last, samples)).astype(i32),
+        decode_order=decode_order(seq_lens[: n if max_query_len == 1 else leading_decodes(lens)]),
     )
 
 
@@ -183,11 +188,12 @@ def upload_step(
         step.fill_index,
         step.fill_row,
         step.logits_index,
+        step.decode_order,
     ]
     if tiles is not None:
         arrays.append(tiles[0])
-    ids, pos, slots, qsl, seq_lens, tables, fill_index, fill_row, logits_index, *tile_map = staging.upload(
-        arrays
+    ids, pos, slots, qsl, seq_lens, tables, fill_index, fill_row, logits_index, order, *tile_map = (
+        staging.upload(arrays)
     )
     fill_pending(ids, fill_index, fill_row, prev_sampled)
     meta = AttentionMetadata(
@@ -199,6 +205,7 @@ def upload_step(
         max_seq_len=int(step.seq_lens.max()),
         query_start_loc_cpu=step.query_start_loc.tolist(),
         seq_lens_cpu=step.seq_lens.tolist(),
+        decode_order=order if len(step.decode_order) else None,
     )
     if tiles is not None:
         meta.prefill_tiles, meta.tile_block_m, meta.split_rows = tile_map[0], tiles[1], SPLIT_PARTIAL_ROWS

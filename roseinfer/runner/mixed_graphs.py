@@ -45,7 +45,15 @@ MAX_CHUNKS = 64
 
 # The int32 rows of the input buffer: per token (T_max + 1: a scratch entry), then per sequence (S_max + 1).
 TOKEN_ROWS = ("ids", "positions", "slots")
-SEQ_ROWS = ("query_start_loc", "seq_lens", "decode_seq_lens", "fill_index", "fill_row", "logits_index")
+SEQ_ROWS = (
+    "query_start_loc",
+    "seq_lens",
+    "decode_seq_lens",
+    "decode_order",
+    "fill_index",
+    "fill_row",
+    "logits_index",
+)
 
 
 # An eager step's host launch, per layer, and the rate of prefill GEMMs, as measured on the lent H100s:
@@ -123,8 +131,9 @@ class MixedGraphs:
         tokens = self.inputs[: len(TOKEN_ROWS) * self.token_stride].view(len(TOKEN_ROWS), -1)
         self.ids, self.positions, self.slots = tokens
         seqs = self.inputs[tokens.numel() : self.tiles_at].view(len(SEQ_ROWS), -1)
-        self.query_start_loc, self.seq_lens, self.decode_seq_lens = seqs[0], seqs[1], seqs[2]
-        self.fill_index, self.fill_row, self.logits_index = seqs[3], seqs[4], seqs[5]
+        self.query_start_loc, self.seq_lens, self.decode_seq_lens, self.decode_order = seqs[:4]
+        self.fill_index, self.fill_row, self.logits_index = seqs[4], seqs[5], seqs[6]
+        self.decode_order.copy_(torch.arange(self.seq_stride, dtype=torch.int32, device=device))
         self.tiles = self.inputs[self.tiles_at : self.tables_at].view(TILE_ROWS, tiles_stride)
         self.tiles.fill_(-1)
         self.slots.fill_(-1)  # the warm-up and capture forwards write no KV
@@ -153,6 +162,7 @@ class MixedGraphs:
             tile_block_m=self.block_m[size],
             split_rows=SPLIT_PARTIAL_ROWS if self.planner.split is not None else 0,
             decode_seq_lens=self.decode_seq_lens[:s],
+            decode_order=self.decode_order[:s],
         )
 
     def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
@@ -206,9 +216,11 @@ class MixedGraphs:
         seqs[1, b:s] = 0
         seqs[2, :decodes] = step.seq_lens[:decodes]
         seqs[2, decodes:s] = 0
-        seqs[3, :f], seqs[3, f:s] = step.fill_index, self.max_tokens  # the scratch entry
-        seqs[4, :f], seqs[4, f:s] = step.fill_row, 0
-        seqs[5, :r] = step.logits_index
+        seqs[3, :decodes] = step.decode_order if len(step.decode_order) == decodes else np.arange(decodes)
+        seqs[3, decodes:s] = np.arange(decodes, s)  # the rows of length 0 last
+        seqs[4, :f], seqs[4, f:s] = step.fill_index, self.max_tokens  # the scratch entry
+        seqs[5, :f], seqs[5, f:s] = step.fill_row, 0
+        seqs[6, :r] = step.logits_index
         tiles = buf[self.tiles_at : self.tables_at].reshape(TILE_ROWS, -1)
         tiles[:, : plan.tiles.shape[1]] = plan.tiles
         host.send(self.inputs, self.tables_at, step.block_tables, self.block_tables)

@@ -4,10 +4,20 @@ real graph path (one input buffer, padding, row gathering, in-graph sampling) is
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from roseinfer.runner.cuda_graphs import DecodeGraphs
 from roseinfer.runner.mixed_graphs import MixedGraphs
+
+
+def assert_longest_first(order: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+    """The decode kernel's rows in a graph's buffer: each row once, the sequences longest first. Returns
+    whether the order differs from row order."""
+    rows, lens = order.numpy(), seq_lens.numpy()
+    assert sorted(rows.tolist()) == list(range(len(rows))), f"not a permutation of the rows: {rows}"
+    assert (np.diff(lens[rows]) <= 0).all(), f"rows {rows} of lengths {lens} are not longest first"
+    return bool((rows != np.arange(len(rows))).any())
 
 
 class CpuReplay:
@@ -15,12 +25,14 @@ class CpuReplay:
         self.graphs, self.runner, self.size = graphs, runner, size
         self.logits = torch.zeros(size, runner.cfg.vocab_size)
         self.replays = 0
+        self.reordered = 0  # replays whose decode rows were not served in row order
 
     def replay(self) -> None:
         g, n = self.graphs, self.size
         meta = g._meta(n)  # the torch backend reads the host copies the graphs leave as placeholders
         meta.seq_lens_cpu = g.seq_lens[:n].tolist()
         meta.max_seq_len = max(meta.seq_lens_cpu)
+        self.reordered += assert_longest_first(g.order[:n], g.seq_lens[:n])
         self.logits.copy_(g.body(n, meta))
         self.replays += 1
 
@@ -43,6 +55,7 @@ class CpuMixedReplay:
         self.graphs, self.size = graphs, size
         self.hidden = torch.zeros(size, hidden_size)
         self.replays = 0
+        self.reordered = 0
 
     def replay(self) -> None:
         g, n = self.graphs, self.size
@@ -50,6 +63,7 @@ class CpuMixedReplay:
         meta = g._meta(n)
         meta.query_start_loc_cpu = g.query_start_loc[: s + 1].tolist()
         meta.seq_lens_cpu = g.seq_lens[:s].tolist()
+        self.reordered += assert_longest_first(g.decode_order[:s], g.decode_seq_lens[:s])
         self.hidden.copy_(g.body(n, meta))
         self.replays += 1
 

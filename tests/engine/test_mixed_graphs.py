@@ -42,6 +42,20 @@ def test_mixed_graphs_give_eager_tokens(llama_dir, async_scheduling, budget):
     assert_clean(llm)
 
 
+def test_graphs_serve_decodes_longest_first(llama_dir):
+    """Both kinds of graph get the decode kernel's rows longest first (each replay checks its buffer), and
+    the order is not always row order (prompts of different lengths)."""
+    llm = make(llama_dir, True, max_num_batched_tokens=16)
+    runner = llm.engine.core.runner
+    runner.graphs, decode_replays = cpu_decode_graphs(runner, 8)
+    mixed_replays = with_graphs(llm, 20, decode_graphs=False)
+    prompts = [p * (1 + i % 3) for i, p in enumerate(PROMPTS)]
+    llm.generate(prompts, greedy(10), use_tqdm=False)
+    assert sum(r.reordered for r in decode_replays.values()) > 0
+    assert sum(r.reordered for r in mixed_replays.values()) > 0
+    assert_clean(llm)
+
+
 def test_mixed_graphs_alone_and_with_sampling_outside(llama_dir):
     """Without decode graphs every step with prefill work, and the pending ids it feeds from eagerly sampled
     steps; seeded and n > 1 rows are sampled outside the graph as in eager."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,11 +13,20 @@ from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from roseinfer.kernels.paged_decode_split import choose_num_splits, live_counters  # noqa: E402
+from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order, live_counters  # noqa: E402
 from roseinfer.kernels.rmsnorm import scale_by_inv_rms_ref  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
+
+
+def _order(seq_lens: list[int], kind: str | None, gen: torch.Generator) -> torch.Tensor | None:
+    """The rows' serving order: None (row order), "longest" (the engine's) or "shuffled"."""
+    if kind is None:
+        return None
+    if kind == "longest":
+        return torch.from_numpy(decode_order(np.array(seq_lens))).to(DEVICE)
+    return torch.randperm(len(seq_lens), generator=gen).int().to(DEVICE)
 
 
 def _run(
@@ -28,9 +38,10 @@ def _run(
     dtype: torch.dtype,
     num_splits: int | None,
     seed_tag: str,
+    order: str | None = None,
 ) -> None:
     gen = generator(
-        "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits
+        "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits, order
     )
     cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
     q = randn((len(seq_lens), num_heads, head_dim), dtype, gen)
@@ -45,6 +56,7 @@ def _run(
         scale,
         out=out,
         num_splits=num_splits,
+        order=_order(seq_lens, order, gen),
     )
     assert res.data_ptr() == out.data_ptr()
     ref = paged_decode_attention_ref(
@@ -86,6 +98,56 @@ def test_decode_non_pow2_head_dim() -> None:
 def test_decode_splits(num_splits: int) -> None:
     # 16 splits of sequences this short leaves most splits empty; all must merge to the same result.
     _run([1, 70, 130, 32], 16, 4, 2, 64, torch.float32, num_splits, "splits")
+
+
+@pytest.mark.parametrize("order", ["longest", "shuffled"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_order(order: str, num_splits: int) -> None:
+    _run([1, 70, 130, 32, 0, 17], 16, 14, 2, 64, torch.bfloat16, num_splits, "order", order)
+
+
+def test_decode_order_names_each_program_s_row() -> None:
+    """Row r's programs serve sequence order[r]: an order that names row 0 twice leaves row 1 unwritten."""
+    gen = generator("decode-order-rows")
+    cache = make_paged_cache([20, 45, 9], 16, 2, 64, torch.float32, gen)
+    q = randn((3, 4, 64), torch.float32, gen)
+    ref = paged_decode_attention_ref(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125
+    )
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        order = torch.tensor([2, 0, 0], dtype=torch.int32, device=DEVICE)
+        paged_decode_attention(
+            q,
+            cache.k_cache,
+            cache.v_cache,
+            cache.block_tables,
+            cache.seq_lens,
+            0.125,
+            out,
+            splits,
+            order=order,
+        )
+        assert out[1].isnan().all()
+        assert_close(out[[0, 2]], ref[[0, 2]], torch.float32)
+
+
+def test_decode_order_checks_shape() -> None:
+    cache = make_paged_cache([3, 4], 16, 2, 64, torch.float32, generator("decode-order-bad"))
+    q = torch.zeros((2, 4, 64), device=DEVICE)
+    for bad in (torch.zeros(3, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="order must be int32"):
+            paged_decode_attention(
+                q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 1.0, order=bad.to(DEVICE)
+            )
+
+
+def test_decode_order_is_longest_first() -> None:
+    lens = np.array([5, 900, 5, 0, 17, 900], np.int32)
+    order = decode_order(lens)
+    assert order.dtype == np.int32
+    assert order.tolist() == [1, 5, 4, 0, 2, 3]  # ties keep their row order
+    assert decode_order(np.zeros(0, np.int32)).shape == (0,)
 
 
 def test_decode_zero_length_sequence_gives_zeros() -> None:
@@ -139,6 +201,7 @@ def _run_append(
     rope: bool,
     seed_tag: str,
     deferred_norm: str | None = None,
+    order: str | None = None,
 ) -> None:
     """Key seq_len-1 of each sequence is the new token: NaN in the cache before the launch (the kernel must
     not read it), given unrotated in new_kv, and expected rotated in its slot afterwards.
@@ -203,6 +266,7 @@ def _run_append(
         scale,
         num_splits=num_splits,
         new_kv=new_kv,
+        order=_order(seq_lens, order, gen),
     )
 
     assert torch.equal(qkv, qkv_before), "q, k and v of the step must be left as they were"
@@ -269,6 +333,13 @@ def test_decode_new_token_deferred_norm_checks_shapes() -> None:
             paged_decode_attention(q, kv, kv, tables, lens, 1.0, new_kv=NewTokenKV(k, k, slots, None, norm))
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_longest_first(num_splits: int) -> None:
+    _run_append(
+        [5, 40, 16, 0, 33, 1], 16, 14, 2, 64, torch.bfloat16, num_splits, True, "lpt", "bias", "longest"
+    )
+
+
 def test_decode_new_token_twice_in_a_row() -> None:
     """Back-to-back split launches reuse the merge tickets: each must leave them at zero."""
     for i in range(3):
@@ -292,7 +363,9 @@ def test_decode_gpu(
     gen = generator("decode-gpu", dtype, num_heads, num_kv_heads, head_dim, block_size)
     lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, block_size, block_size + 1, 4096]
     for splits in (None, 1, 7):
-        _run(lens, block_size, num_heads, num_kv_heads, head_dim, dtype, splits, f"gpu{splits}")
+        # Row order at one split, the engine's longest-first order otherwise.
+        order = None if splits == 1 else "longest"
+        _run(lens, block_size, num_heads, num_kv_heads, head_dim, dtype, splits, f"gpu{splits}", order)
 
 
 @pytest.mark.gpu
@@ -315,4 +388,16 @@ def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: 
     lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, 16, 17, 4096, 0]
     for splits in (None, 1, 7):
         _run_append(lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}")
-        _run_append(lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}", "bias")
+        _run_append(
+            lens,
+            16,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            splits,
+            True,
+            f"gpu{splits}",
+            "bias",
+            "longest",
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,8 +11,14 @@ pytest.importorskip("triton", reason="triton is not installed")
 from roseinfer.attention.backend import get_backend  # noqa: E402
 from roseinfer.attention.metadata import AttentionMetadata  # noqa: E402
 from roseinfer.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from roseinfer.kernels.paged_decode_split import live_counters  # noqa: E402
+from roseinfer.kernels.paged_decode_split import decode_order, live_counters  # noqa: E402
 from tests.kernels.kernel_utils import DEVICE, TOL, generator, randn  # noqa: E402
+
+
+def _device_order(seq_lens: np.ndarray, rows: int | None = None) -> torch.Tensor:
+    """`decode_order` of `seq_lens`, then rows len(seq_lens)..rows-1 (padding) in row order."""
+    tail = np.arange(len(seq_lens), rows or len(seq_lens), dtype=np.int32)
+    return torch.from_numpy(np.concatenate([decode_order(seq_lens), tail])).to(DEVICE)
 
 
 class _Batch:
@@ -71,6 +78,7 @@ class _Batch:
         slots += [-1] * num_pad
         self.scale = head_dim**-0.5
         self.prefix_lens, self.q_lens, self.starts = prefix_lens, q_lens, starts
+        lead = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
         self.meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
@@ -80,6 +88,8 @@ class _Batch:
             max_seq_len=max(seq_lens),
             query_start_loc_cpu=starts,
             seq_lens_cpu=seq_lens,
+            # The leading decodes served longest first, as the runner sends them.
+            decode_order=_device_order(np.array(seq_lens[:lead])),
         )
 
     def expected(self) -> torch.Tensor:
@@ -201,6 +211,7 @@ def test_backend_decode_only_with_padding_row() -> None:
     m.query_start_loc = torch.arange(6, dtype=torch.int32, device=DEVICE)
     m.query_start_loc_cpu = list(range(6))
     m.seq_lens_cpu = m.seq_lens_cpu + [0, 0]
+    m.decode_order = _device_order(np.array(m.seq_lens_cpu[:3]), 5)
     out = batch.run()
     assert torch.equal(out[3:], torch.zeros_like(out[3:]))
 
@@ -230,7 +241,7 @@ def test_backend_decode_cuda_graph() -> None:
     # The next step: same shapes, new lengths and contents, written into the captured tensors.
     second = _Batch([2047, 5, 4094, 64], [1, 1, 1, 1], gen=gen, **shape, **cap)  # type: ignore[arg-type]
     first.kv.copy_(second.kv)
-    for name in ("slot_mapping", "seq_lens", "block_tables"):
+    for name in ("slot_mapping", "seq_lens", "block_tables", "decode_order"):
         getattr(meta, name).copy_(getattr(second.meta, name))
     static_q.copy_(second.q)
     static_k.copy_(second.k_new)
@@ -268,7 +279,6 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs, 
     """The mixed-step graphs' path (every launch shape fixed by the graph's size): padded sequences of
     length 0, the decode kernel over the first `num_seqs` rows, the prefill kernel over a tile map with
     spare programs, which may cut tiles' keys. Same output as the reference; padding rows zero."""
-    import numpy as np
 
     from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, KeySplit, prefill_tile_map
 
@@ -299,6 +309,7 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs, 
         tile_block_m=block_m,
         split_rows=SPLIT_PARTIAL_ROWS if key_split else 0,
         decode_seq_lens=torch.from_numpy(np.where(np.arange(num_seqs) < decodes, seq_lens, 0)).to(DEVICE),
+        decode_order=_device_order(seq_lens[:decodes], num_seqs),
     )
     out = batch.run()
     assert torch.equal(out[batch.num_real :], torch.zeros_like(out[batch.num_real :]))
@@ -308,8 +319,6 @@ def test_backend_eager_step_with_key_splits() -> None:
     """An eager step whose chunks sit over long prefixes: the planner's tile map cuts their keys across
     programs; the decodes in front still take the decode kernel. Same output as the reference."""
     from dataclasses import replace
-
-    import numpy as np
 
     from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, TilePlanner
 
@@ -331,8 +340,6 @@ def test_backend_eager_step_with_key_splits() -> None:
 
 def test_planner_leaves_steps_that_fill_the_gpu_to_the_plain_grid() -> None:
     from dataclasses import replace
-
-    import numpy as np
 
     from roseinfer.kernels.prefill_plan import TilePlanner
 

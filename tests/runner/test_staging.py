@@ -1,8 +1,11 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
-from roseinfer.runner.inputs import ALIGN, Staging
+from roseinfer.runner.inputs import ALIGN, Staging, build_host_step, upload_step
+from roseinfer.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 
 
 @pytest.mark.parametrize("sizes", [[1], [3, 5, 17], [16, 1, 33, 2], [7, 0, 9]])
@@ -22,3 +25,31 @@ def test_upload_keeps_two_dimensional_shapes() -> None:
     assert view.shape == (3, 4) and view.storage_offset() % ALIGN == 0
     np.testing.assert_array_equal(view.numpy(), table)
     np.testing.assert_array_equal(first.numpy(), np.ones(5))
+
+
+def _scheduled(context: int, new: int) -> ScheduledRequest:
+    """A request with `context` tokens computed and `new` fed this step, its blocks 0, 1, ..."""
+    tokens = list(range(100, 100 + context + new))
+    request = SimpleNamespace(
+        all_token_ids=tokens, block_ids=list(range(-(-len(tokens) // 4))), pending_row=0
+    )
+    return ScheduledRequest(request, new, 1, start=context)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("contexts", "q_lens", "want"),
+    [
+        ([3, 40, 9, 40], [1, 1, 1, 1], [1, 3, 2, 0]),  # decode only: every row, longest first
+        ([3, 40, 9, 0], [1, 1, 1, 6], [1, 2, 0]),  # a chunk behind three decodes: the decodes only
+        ([0, 40], [5, 1], []),  # no leading decode
+    ],
+)
+def test_step_sends_the_decode_rows_longest_first(contexts, q_lens, want) -> None:
+    out = SchedulerOutput([_scheduled(c, n) for c, n in zip(contexts, q_lens, strict=True)])
+    step = build_host_step(out, block_size=4)
+    assert step.decode_order.tolist() == want
+    _, _, meta, _ = upload_step(step, Staging(torch.device("cpu")))
+    if want:
+        assert meta.decode_order is not None and meta.decode_order.tolist() == want
+    else:
+        assert meta.decode_order is None
