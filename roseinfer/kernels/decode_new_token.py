@@ -1,10 +1,15 @@
-"""What the step's own token brings to the paged decode kernel (`NewTokenKV`), and its shape checks."""
+"""What the step's own token brings to the paged decode kernel: its inputs (`NewTokenKV`), their shape checks,
+and the device code that finishes, rotates and appends it (`attend_new_token`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
+
+from roseinfer.kernels.rmsnorm import scale_by_inv_rms
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,84 @@ def check_new_kv(new_kv: NewTokenKV, batch: int, num_heads: int, num_kv_heads: i
             raise ValueError(
                 f"new_kv.norm.bias must be a contiguous [{qkv_width}], got {tuple(norm.bias.shape)}"
             )
+
+
+@triton.jit
+def neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM: tl.constexpr):
+    """Row b's rotary (partner, cos, signed sin) over lanes d: a neox rotation of whole rows is
+    x * cos + partner * (-sin | +sin), where element d's partner is d + D/2 in the first half and d - D/2 in
+    the second (a second, permuted load of the same row)."""
+    half = HEAD_DIM // 2
+    partner = tl.where(d < half, d + half, d - half)
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
+    return partner, cos, tl.where(d < half, -sin, sin)
+
+
+@triton.jit
+def rotate_neox(x, partner, cos, signed_sin):
+    """Neox rotation in float32, rounded back to the input dtype (as the rotary kernel rounds it)."""
+    return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
+
+
+@triton.jit
+def attend_new_token(
+    q,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    inv_rms,
+    b64,
+    d,
+    d_mask,
+    k_new_row,
+    v_new_row,
+    k_bias_ptr,
+    v_bias_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    slot_ptr,
+    k_head,
+    v_head,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    ROPE: tl.constexpr,
+    DEFERRED_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Sequence b's own token for one kv head (its k and v at `k_new_row` / `v_new_row`, that kv head's cache
+    at `k_head` / `v_head`): finish k and v (deferred norm, rotary), fold the token into the running softmax
+    (m_i, l_i, acc) of q's heads, and store it in its cache slot (unless the slot is < 0). Returns the
+    updated (m_i, l_i, acc)."""
+    k_tok = tl.load(k_new_row + d, mask=d_mask, other=0.0)
+    v_tok = tl.load(v_new_row + d, mask=d_mask, other=0.0)
+    if DEFERRED_NORM:
+        k_tok = scale_by_inv_rms(k_tok, inv_rms, k_bias_ptr + d, d_mask, HAS_BIAS)
+        v_tok = scale_by_inv_rms(v_tok, inv_rms, v_bias_ptr + d, d_mask, HAS_BIAS)
+    if ROPE:
+        partner, cos, signed_sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b64, d, d_mask, HEAD_DIM)
+        k_partner = tl.load(k_new_row + partner, mask=d_mask, other=0.0)
+        if DEFERRED_NORM:
+            k_partner = scale_by_inv_rms(k_partner, inv_rms, k_bias_ptr + partner, d_mask, HAS_BIAS)
+        k_tok = rotate_neox(k_tok, k_partner, cos, signed_sin)
+    s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
+    m_up = tl.maximum(m_i, s_tok)
+    a_up = tl.exp2(m_i - m_up)
+    p_tok = tl.exp2(s_tok - m_up)
+    l_i = l_i * a_up + p_tok
+    p_tok = p_tok.to(v_tok.dtype).to(tl.float32)
+    acc = acc * a_up[:, None] + p_tok[:, None] * v_tok.to(tl.float32)[None, :]
+    slot = tl.load(slot_ptr + b64).to(tl.int64)
+    if slot >= 0:
+        blk = slot // BLOCK_SIZE
+        off = slot % BLOCK_SIZE
+        cache_dtype = k_head.dtype.element_ty
+        tl.store(k_head + blk * stride_kb + off * stride_ks + d, k_tok.to(cache_dtype), mask=d_mask)
+        tl.store(v_head + blk * stride_vb + off * stride_vs + d, v_tok.to(cache_dtype), mask=d_mask)
+    return m_up, l_i, acc

@@ -1,5 +1,6 @@
-"""The merge of paged decode attention's splits (`paged_decode_attention.py`), run by the last of a
-(sequence, kv head)'s programs to finish, in the same launch."""
+"""The end of a paged decode attention program that holds one split of its (sequence, kv head)'s keys
+(`paged_decode_attention.py`): it stores its partial and takes a ticket, and the last program to finish
+merges every split, in the same launch."""
 
 from __future__ import annotations
 
@@ -55,3 +56,56 @@ def merge_decode_splits(
         )
         merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
     return merged / tl.where(total > 0.0, total, 1.0)[:, None]
+
+
+@triton.jit
+def finish_split(
+    m_i,
+    l_i,
+    acc,
+    split,
+    rows,
+    g_mask,
+    d,
+    d_mask,
+    o_rows,
+    out_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    counter,
+    num_splits,
+    GROUP_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLITS_CHUNK: tl.constexpr,
+):
+    """Store split `split`'s partial (m_i, l_i, acc) of the query heads whose partials start at `rows`, then
+    take a ticket on `counter`: the last of the `num_splits` programs merges them all into `o_rows` and
+    resets the counter for the next launch."""
+    tl.store(part_m_ptr + rows + split, m_i, mask=g_mask)
+    tl.store(part_l_ptr + rows + split, l_i, mask=g_mask)
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    tl.store(part_acc_ptr + (rows + split)[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
+    # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter, 1)
+    if ticket == num_splits - 1:
+        out = merge_decode_splits(
+            part_m_ptr,
+            part_l_ptr,
+            part_acc_ptr,
+            rows,
+            g_mask,
+            d,
+            d_mask,
+            num_splits,
+            GROUP_PAD,
+            D_PAD,
+            HEAD_DIM,
+            SPLITS_PAD,
+            SPLITS_CHUNK,
+        )
+        tl.store(o_rows, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+        tl.atomic_xchg(counter, 0)  # ready for the next launch

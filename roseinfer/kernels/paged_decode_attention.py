@@ -34,8 +34,14 @@ from roseinfer.kernels._common import (
     dot_precision,
     gather_sequence_kv,
 )
-from roseinfer.kernels.decode_new_token import NewTokenKV, check_new_kv
-from roseinfer.kernels.decode_split_merge import merge_decode_splits
+from roseinfer.kernels.decode_new_token import (
+    NewTokenKV,
+    attend_new_token,
+    check_new_kv,
+    neox_cos_sin,
+    rotate_neox,
+)
+from roseinfer.kernels.decode_split_merge import finish_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
@@ -133,20 +139,13 @@ def _decode_kernel(
         inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
         q = scale_by_inv_rms(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
     if ROPE:
-        # Neox rotation of whole rows: x * cos + partner * (-sin | +sin), where element d's partner is
-        # d + D/2 in the first half and d - D/2 in the second (a second, permuted load of the same row).
-        half = HEAD_DIM // 2
-        partner = tl.where(d < half, d + half, d - half)
-        pos = tl.load(pos_ptr + b).to(tl.int64)
-        cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
-        sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
-        sin = tl.where(d < half, -sin, sin)
+        partner, cos, sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM)
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
         if DEFERRED_NORM:
             q_partner = scale_by_inv_rms(
                 q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS
             )
-        q = _rotate(q, q_partner, cos[None, :], sin[None, :])
+        q = rotate_neox(q, q_partner, cos[None, :], sin[None, :])
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -185,36 +184,35 @@ def _decode_kernel(
     if APPEND:
         own = seq_len - 1
         if (own >= start) & (own < end):
-            kn = k_new_ptr + b64 * stride_knb + kvh * stride_knh
-            k_tok = tl.load(kn + d, mask=d_mask, other=0.0)
-            v_tok = tl.load(v_new_ptr + b64 * stride_vnb + kvh * stride_vnh + d, mask=d_mask, other=0.0)
-            if DEFERRED_NORM:
-                k_tok = scale_by_inv_rms(k_tok, inv_rms, bias_ptr + k_bias + d, d_mask, HAS_BIAS)
-                v_tok = scale_by_inv_rms(v_tok, inv_rms, bias_ptr + v_bias + d, d_mask, HAS_BIAS)
-            if ROPE:
-                k_partner = tl.load(kn + partner, mask=d_mask, other=0.0)
-                if DEFERRED_NORM:
-                    k_partner = scale_by_inv_rms(
-                        k_partner, inv_rms, bias_ptr + k_bias + partner, d_mask, HAS_BIAS
-                    )
-                k_tok = _rotate(k_tok, k_partner, cos, sin)
-            s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
-            m_up = tl.maximum(m_i, s_tok)
-            a_up = tl.exp2(m_i - m_up)
-            p_tok = tl.exp2(s_tok - m_up)
-            l_i = l_i * a_up + p_tok
-            p_tok = p_tok.to(v_tok.dtype).to(tl.float32)
-            acc = acc * a_up[:, None] + p_tok[:, None] * v_tok.to(tl.float32)[None, :]
-            m_i = m_up
-            slot = tl.load(slot_ptr + b).to(tl.int64)
-            if slot >= 0:
-                blk = slot // BLOCK_SIZE
-                off = slot % BLOCK_SIZE
-                cache_dtype = k_cache_ptr.dtype.element_ty
-                kc = k_cache_ptr + blk * stride_kb + off * stride_ks + kvh * stride_kh
-                tl.store(kc + d, k_tok.to(cache_dtype), mask=d_mask)
-                vc = v_cache_ptr + blk * stride_vb + off * stride_vs + kvh * stride_vh
-                tl.store(vc + d, v_tok.to(cache_dtype), mask=d_mask)
+            m_i, l_i, acc = attend_new_token(
+                q,
+                m_i,
+                l_i,
+                acc,
+                qk_scale,
+                inv_rms,
+                b64,
+                d,
+                d_mask,
+                k_new_ptr + b64 * stride_knb + kvh * stride_knh,
+                v_new_ptr + b64 * stride_vnb + kvh * stride_vnh,
+                bias_ptr + k_bias,
+                bias_ptr + v_bias,
+                pos_ptr,
+                cos_sin_ptr,
+                slot_ptr,
+                k_base,
+                v_base,
+                stride_kb,
+                stride_ks,
+                stride_vb,
+                stride_vs,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                ROPE,
+                DEFERRED_NORM,
+                HAS_BIAS,
+            )
 
     o_rows = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :]
     out_dtype = out_ptr.dtype.element_ty
@@ -223,39 +221,28 @@ def _decode_kernel(
         tl.store(o_rows, out.to(out_dtype), mask=q_mask)
     else:
         # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, HEAD_DIM] (acc), contiguous.
-        rows = (b64 * num_q_heads + heads) * num_splits
-        tl.store(part_m_ptr + rows + split, m_i, mask=g_mask)
-        tl.store(part_l_ptr + rows + split, l_i, mask=g_mask)
-        tl.store(part_acc_ptr + (rows + split)[:, None] * HEAD_DIM + d[None, :], acc, mask=q_mask)
-        # The last of this (sequence, kv head)'s programs to finish merges every split: no second launch.
-        # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
-        tl.debug_barrier()
-        counter = counters_ptr + b64 * num_kv_heads + kvh
-        ticket = tl.atomic_add(counter, 1)
-        if ticket == num_splits - 1:
-            out = merge_decode_splits(
-                part_m_ptr,
-                part_l_ptr,
-                part_acc_ptr,
-                rows,
-                g_mask,
-                d,
-                d_mask,
-                num_splits,
-                GROUP_PAD,
-                D_PAD,
-                HEAD_DIM,
-                SPLITS_PAD,
-                SPLITS_CHUNK,
-            )
-            tl.store(o_rows, out.to(out_dtype), mask=q_mask)
-            tl.atomic_xchg(counter, 0)  # ready for the next launch
-
-
-@triton.jit
-def _rotate(x, partner, cos, signed_sin):
-    """Neox rotation in float32, rounded back to the input dtype (as the rotary kernel rounds it)."""
-    return (x.to(tl.float32) * cos + partner.to(tl.float32) * signed_sin).to(x.dtype)
+        finish_split(
+            m_i,
+            l_i,
+            acc,
+            split,
+            (b64 * num_q_heads + heads) * num_splits,
+            g_mask,
+            d,
+            d_mask,
+            o_rows,
+            out_ptr,
+            part_m_ptr,
+            part_l_ptr,
+            part_acc_ptr,
+            counters_ptr + b64 * num_kv_heads + kvh,
+            num_splits,
+            GROUP_PAD,
+            D_PAD,
+            HEAD_DIM,
+            SPLITS_PAD,
+            SPLITS_CHUNK,
+        )
 
 
 def paged_decode_attention(
