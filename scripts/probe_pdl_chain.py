@@ -44,6 +44,23 @@ BULK_PREFETCH = tl.constexpr(
 
 
 @triton.jit
+def _let_dependents_go(PDL: tl.constexpr, EARLY: tl.constexpr, AT_START: tl.constexpr):
+    """Under PDL the next kernel may launch once every program of this one has called this (or exited):
+    at the start with EARLY, else once past the wait (`_wait_for_predecessor`)."""
+    if PDL:
+        if EARLY == AT_START:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def _wait_for_predecessor(PDL: tl.constexpr, EARLY: tl.constexpr):
+    """Under PDL: block until the previous kernel has finished and its writes are visible."""
+    if PDL:
+        gdc_wait()
+        _let_dependents_go(PDL, EARLY, False)
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr,
     w_ptr,
@@ -73,9 +90,7 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     k0 = pid_k * k_per_split
-    if PDL:
-        if EARLY:
-            gdc_launch_dependents()
+    _let_dependents_go(PDL, EARLY, True)
     if PRE == 1:
         rows = w_ptr.to(tl.pointer_type(tl.uint8)) + (offs_n.to(tl.int64) * stride_w + k0) * 2
         size = tl.where(offs_n < N, (tl.minimum(k0 + k_per_split, K) - k0) * 2, 0).to(tl.int32)
@@ -89,10 +104,7 @@ def _gemm_kernel(
             mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
             other=0.0,
         )
-    if PDL:
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    _wait_for_predecessor(PDL, EARLY)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PRE >= 2:
         xa = tl.load(
@@ -142,12 +154,8 @@ def _reduce_kernel(
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
-    if PDL:
-        if EARLY:
-            gdc_launch_dependents()
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    _let_dependents_go(PDL, EARLY, True)
+    _wait_for_predecessor(PDL, EARLY)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
@@ -164,12 +172,8 @@ def _silu_mul_kernel(
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
-    if PDL:
-        if EARLY:
-            gdc_launch_dependents()
-        gdc_wait()
-        if not EARLY:
-            gdc_launch_dependents()
+    _let_dependents_go(PDL, EARLY, True)
+    _wait_for_predecessor(PDL, EARLY)
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(g_ptr + row * stride_g + inter + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(s_ptr + row * stride_s + cols, (g * tl.sigmoid(g) * u).to(s_ptr.dtype.element_ty), mask=mask)
