@@ -14,9 +14,14 @@ Triton kernel:
 - `triton`: a skinny Triton GEMM (split-K with a reduce launch where it pays), no PDL;
 - `pdl`: the same launched with PDL; each kernel waits (`gdc_wait`) before reading its predecessor's output
   and lets its dependent launch once it is past the wait;
+- `pdl+early`: the dependent may launch as soon as a kernel starts;
+- `pdl+first`: the first K step's weights are loaded before the wait (`+early` as above);
 - `pdl+prefetch`: before the wait each GEMM program pulls its weight slice into L2
   (`cp.async.bulk.prefetch.L2`), so weight reads overlap the predecessor;
-- `pdl+prefetch+early`: the dependent may launch as soon as a kernel starts.
+- `{K}k...`: tiles of one K step a program (K in shares of `--one-step-ks`), plain, and with PDL and all
+  their weights loaded before the wait (`+preload`, `+early`).
+Every chain is checked against an fp32 reference for one layer, and its 24-layer graph replay against the
+plain Triton chain's (bit for bit where the tiles are the same).
 """
 
 from __future__ import annotations
@@ -442,6 +447,7 @@ def probe(shape: str, batch: int, quick: bool, one_step_ks: list[int]) -> None:
         "pdl+early": (tiles, Launch(pdl=True, early=True)),
         "pdl+first": (tiles, Launch(pdl=True, preload_first=True)),
         "pdl+first+early": (tiles, Launch(pdl=True, preload_first=True, early=True)),
+        "pdl+prefetch": (tiles, Launch(pdl=True, prefetch=True)),
     }
     for block_k in one_step_ks:
         one = {
