@@ -42,7 +42,7 @@ from roseinfer.kernels.decode_new_token import (
     rotate_neox,
 )
 from roseinfer.kernels.decode_split_merge import finish_split
-from roseinfer.kernels.paged_decode_split import choose_num_splits, merge_counters
+from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
 
@@ -301,12 +301,9 @@ def paged_decode_attention(
     block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype)
     split = num_splits > 1
     if split:
-        part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
-        part_l = torch.empty_like(part_m)
-        part_acc = torch.empty(
-            (batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        part_m, part_l, part_acc, counters = launch.split_workspace(
+            batch, num_q_heads, num_kv_heads, num_splits, head_dim, q.device
         )
-        counters = merge_counters(q.device, batch * num_kv_heads)
     else:
         part_m = part_l = part_acc = counters = out  # unused
     k_new, v_new = (new_kv.k, new_kv.v) if new_kv is not None else (q, q)

@@ -96,3 +96,14 @@ def launch_options(head_dim_pad: int, dtype: torch.dtype, deferred_norm: bool) -
     if deferred_norm and head_dim_pad == 128 and dtype != torch.float32 and not is_interpret():
         return {"maxnreg": 128}
     return {}
+
+
+def split_workspace(
+    batch: int, num_q_heads: int, num_kv_heads: int, num_splits: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a launch with several splits writes its partials to: m and l [B, Hq, S] and acc [B, Hq, S, D]
+    (float32, contiguous), and the (sequence, kv head) ticket counters (`merge_counters`)."""
+    part_m = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device)
+    return part_m, part_l, part_acc, merge_counters(device, batch * num_kv_heads)
