@@ -143,6 +143,7 @@ class TritonAttentionBackend(AttentionBackend):
             num_splits=num_splits,
             new_kv=new_kv,
             order=meta.decode_order,
+            pdl=new_kv is not None and new_kv.norm is not None and new_kv.norm.pdl,
         )
 
     def deferred_norm_pays(self, batch: int, head_dim: int) -> bool:

@@ -113,6 +113,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "max_model_len",
         "async_scheduling",
         "fold_norms",
+        "pdl_decode",
         "prefill_key_splits",
         "admission_policy",
         "mixed_graph_max_tokens",
@@ -170,6 +171,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         action=argparse.BooleanOptionalAction,
         default=None,
         help="decode steps without RMSNorm launches: norm weights folded into the linears (default on)",
+    )
+    engine.add_argument(
+        "--pdl-decode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="small models' decode steps as one programmatic-dependent-launch chain of Triton kernels, sm_90+ "
+        "(default on)",
     )
     engine.add_argument(
         "--prefill-key-splits",

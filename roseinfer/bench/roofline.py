@@ -48,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="decode steps without RMSNorm launches (default on); --no-fold-norms times them with the launches",
     )
+    parser.add_argument(
+        "--pdl-decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="small models' decode steps as one PDL chain of Triton kernels (default on, where it applies)",
+    )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", default=None)
 
@@ -135,6 +141,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         enforce_eager=args.enforce_eager,
         one_token_gemv=args.one_token_gemv,
         fold_norms=args.fold_norms,
+        pdl_decode=args.pdl_decode,
         enable_prefix_caching=False,
     )
     core = llm.engine.core
@@ -207,6 +214,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         "matmul_TFLOPs": tflops,
         "one_token_gemv": args.one_token_gemv,
         "fold_norms": args.fold_norms,
+        "pdl_decode": args.pdl_decode,
         "rows": rows,
     }
     print(format_table(result))
@@ -221,7 +229,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"roofline {result['header']['model_shape']} on {result['header']['device']}"
         f" (copy {result['bandwidth_TBps']:.2f} TB/s, matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)"
         + ("" if result.get("one_token_gemv", True) else ", batch 1 without the fused GEMV")
-        + ("" if result.get("fold_norms", True) else ", decode with RMSNorm launches"),
+        + ("" if result.get("fold_norms", True) else ", decode with RMSNorm launches")
+        + ("" if result.get("pdl_decode", True) else ", decode without PDL"),
         f"{'step':<24}{'ms':>10}{'floor ms':>10}{'x floor':>9}  note",
     ]
     for r in result["rows"]:

@@ -49,6 +49,7 @@ def make_engine_config(
     async_scheduling: bool = True,
     one_token_gemv: bool = True,
     fold_norms: bool = True,
+    pdl_decode: bool = True,
     prefill_key_splits: bool = True,
     seed: int = 0,
 ) -> tuple[EngineConfig, str]:
@@ -86,6 +87,7 @@ def make_engine_config(
         async_scheduling=async_scheduling,
         one_token_gemv=one_token_gemv,
         fold_norms=fold_norms,
+        pdl_decode=pdl_decode,
         prefill_key_splits=prefill_key_splits,
         seed=seed,
         max_model_len=max_len,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms, scale_by_inv_rms_ref
 
 
@@ -28,10 +29,12 @@ def _silu_and_mul_kernel(
     BLOCK: tl.constexpr,
     DEFERRED_NORM: tl.constexpr,
     R_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
+    wait_for_producer(PDL)
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
     if DEFERRED_NORM:
@@ -45,8 +48,11 @@ def _silu_and_mul_kernel(
     )
 
 
-def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    """x [N, 2I] -> [N, I]. `rms_of` [N, H]: the rows whose RMSNorm was deferred to here (see module doc)."""
+def silu_and_mul(
+    x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False
+) -> torch.Tensor:
+    """x [N, 2I] -> [N, I]. `rms_of` [N, H]: the rows whose RMSNorm was deferred to here (see module doc).
+    `pdl`: launch with programmatic dependent launch (`kernels/pdl.py`)."""
     n_rows, width = x.shape
     n_cols = width // 2
     if x.stride(-1) != 1:
@@ -73,7 +79,9 @@ def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float
         BLOCK=block,
         DEFERRED_NORM=rms_of is not None,
         R_CHUNK=row_chunk(r.shape[1]),
+        PDL=pdl_active(pdl),
         num_warps=num_warps,
+        **pdl_launch(pdl),
     )
     return out
 

@@ -19,11 +19,14 @@ class DeferredNorm:
     1 / rms of x's row, plus the projection's bias, rounded to q's dtype (as the linear would round them).
 
     `x` [B, hidden] with a contiguous last dim; `bias` the fused qkv bias [(Hq + 2 * Hkv) * D] or None.
+    `pdl`: the kernels before run as a programmatic-dependent-launch chain (`kernels/pdl.py`), which the
+    attention launch joins.
     """
 
     x: torch.Tensor
     eps: float
     bias: torch.Tensor | None = None
+    pdl: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from roseinfer.kernels.decode_new_token import (
 )
 from roseinfer.kernels.decode_split_merge import finish_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits
+from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
 
@@ -105,6 +106,7 @@ def _decode_kernel(
     HAS_ORDER: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     split = tl.program_id(2)
@@ -121,6 +123,8 @@ def _decode_kernel(
     # With APPEND the last key (index seq_len - 1) is the step's own token: it comes from k_new/v_new, not
     # from the cache, and the program whose share holds that index writes it into the cache.
     cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
+    # Everything above reads only the step's inputs; q, the new token and x come from the kernels before.
+    wait_for_producer(PDL)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
@@ -256,6 +260,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     new_kv: NewTokenKV | None = None,
     order: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its `seq_lens[b]` keys; returns [B, Hq, D].
 
@@ -264,7 +269,9 @@ def paged_decode_attention(
     by the kernel. A sequence of length 0 gets a zero output. `num_splits=None` picks a split count from
     the batch shape and the block table's capacity; pass it explicitly (e.g. from `choose_num_splits` with
     the step's max_seq_len) to control it. `order` [B] int32, a permutation of the rows, sets the order in
-    which they are served (`decode_order`); it never changes the result.
+    which they are served (`decode_order`); it never changes the result. `pdl`: launch with programmatic
+    dependent launch (`kernels/pdl.py`), reading q, the new token and the deferred norm's rows only once the
+    kernel before has finished.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
     batch, num_q_heads, q_dim = q.shape
@@ -374,9 +381,11 @@ def paged_decode_attention(
         HAS_ORDER=order is not None,
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
+        PDL=pdl_active(pdl),
         num_warps=num_warps,
         num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),
+        **pdl_launch(pdl),
     )
     return out
 

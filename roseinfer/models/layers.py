@@ -37,6 +37,7 @@ try:
     from roseinfer.kernels import rmsnorm as _rms
     from roseinfer.kernels import rotary as _rope
     from roseinfer.kernels.gemv import gemv
+    from roseinfer.kernels.skinny_gemm import skinny_gemm
 
     _HAS_TRITON = True
 except ImportError:  # CPU installs without Triton
@@ -44,6 +45,23 @@ except ImportError:  # CPU installs without Triton
 
     def gemv(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("the one-token GEMV needs Triton")
+
+    def skinny_gemm(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("the skinny GEMM needs Triton")
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """`x @ weight.T`: with `pdl`, the skinny Triton GEMM joining a programmatic-dependent-launch chain
+    (`kernels/pdl.py`); else torch's GEMM."""
+    return skinny_gemm(x, weight, pdl=True) if pdl else torch.mm(x, weight.t())
+
+
+def add_project_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pdl: bool = False) -> None:
+    """`out += x @ weight.T` in place, as `project` chooses (torch: one GEMM with beta = 1)."""
+    if pdl:
+        skinny_gemm(x, weight, out=out, add=True, pdl=True)
+    else:
+        out.addmm_(x, weight.t())
 
 
 class RMSNorm(nn.Module):
@@ -138,10 +156,13 @@ def normalize_qk(
     return q_norm(q), k_norm(k)
 
 
-def silu_and_mul(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
-    """With `rms_of`, x is a projection of those rows before their RMSNorm: scaled by 1 / rms first (Triton)."""
+def silu_and_mul(
+    x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False
+) -> torch.Tensor:
+    """With `rms_of`, x is a projection of those rows before their RMSNorm: scaled by 1 / rms first (Triton).
+    `pdl`: the Triton launch joins a programmatic-dependent-launch chain (`kernels/pdl.py`)."""
     if fused_kernels_for(x):
-        return _act.silu_and_mul(x, rms_of, eps)
+        return _act.silu_and_mul(x, rms_of, eps, pdl)
     if rms_of is not None:
         raise ValueError("a deferred norm in silu_and_mul needs the Triton kernel")
     gate, up = x.chunk(2, dim=-1)

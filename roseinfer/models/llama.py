@@ -7,18 +7,27 @@ from torch import nn
 
 from roseinfer.config import ModelConfig
 from roseinfer.kernels.decode_new_token import DeferredNorm
+from roseinfer.kernels.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from roseinfer.models.layers import (
     ForwardContext,
     RMSNorm,
     RotaryEmbedding,
+    add_project_,
     down_blas_library,
     fused_kernels_for,
     gemv,
     normalize_qk,
     paged_attention,
     preferred_blas,
+    project,
     silu_and_mul,
 )
+
+# Decode-only steps of models up to this width may run their GEMMs as the skinny Triton GEMM in one
+# programmatic-dependent-launch chain with attention and SiLU (`pdl_decode`). Its tiles were swept for
+# qwen2.5-0.5b (896); at llama-3.1-8b's 4096 the GEMMs are long weight streams that cuBLAS reads at 75-92% of
+# copy bandwidth and the launch gaps matter little.
+PDL_DECODE_MAX_HIDDEN = 1024
 
 
 class LlamaAttention(nn.Module):
@@ -51,13 +60,14 @@ class LlamaAttention(nn.Module):
         return gemv(self._attend(qkv, positions, ctx), self.o_proj.weight, residual=residual)
 
     def attend_deferred_norm(
-        self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, ctx: ForwardContext
+        self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, ctx: ForwardContext, pdl: bool = False
     ) -> torch.Tensor:
         """Attention of `norm(x)` with the norm's weight folded into qkv_proj (`fold_norm_weights`): the qkv
-        GEMM reads x itself, and the attention kernel finishes q/k/v (1 / rms of x, bias) as it loads them."""
-        qkv = torch.mm(x, self.qkv_proj.weight.t())
+        GEMM reads x itself, and the attention kernel finishes q/k/v (1 / rms of x, bias) as it loads them.
+        `pdl`: both launches join a programmatic-dependent-launch chain."""
+        qkv = project(x, self.qkv_proj.weight, pdl)
         q, k, v = self._split_heads(qkv)
-        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias)
+        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias, pdl)
         return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary, unfinished)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -86,8 +96,11 @@ class LlamaMLP(nn.Module):
         with preferred_blas(self._down_library(act)):
             return self.down_proj(act)
 
-    def add_down_(self, residual: torch.Tensor, act: torch.Tensor) -> None:
-        """`residual += act @ down.T` in place (one GEMM with beta = 1)."""
+    def add_down_(self, residual: torch.Tensor, act: torch.Tensor, pdl: bool = False) -> None:
+        """`residual += act @ down.T` in place (one GEMM with beta = 1; `pdl`: see `add_project_`)."""
+        if pdl:
+            add_project_(residual, act, self.down_proj.weight, pdl=True)
+            return
         with preferred_blas(self._down_library(act)):
             residual.addmm_(act, self.down_proj.weight.t())
 
@@ -129,17 +142,18 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.forward_one_token(residual, self.post_attention_layernorm)
 
     def forward_deferred_norm(
-        self, residual: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+        self, residual: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext, pdl: bool = False
     ) -> None:
         """The layer on the residual stream, in place, with no norm launch (norm weights folded into the
         linears): qkv GEMM, attention (finishing q/k/v), o GEMM adding into the stream, gate_up GEMM, SiLU
         (applying the second norm's 1 / rms), down GEMM adding into the stream: six launches (and any split-K
-        reduce cuBLAS adds), not nine."""
-        attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx)
-        residual.addmm_(attn, self.self_attn.o_proj.weight.t())
-        gate_up = torch.mm(residual, self.mlp.gate_up_proj.weight.t())
-        act = silu_and_mul(gate_up, rms_of=residual, eps=self.post_attention_layernorm.eps)
-        self.mlp.add_down_(residual, act)
+        reduce), not nine. With `pdl` the GEMMs are the skinny Triton GEMM and every launch joins one
+        programmatic-dependent-launch chain, so each overlaps the tail of the one before."""
+        attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx, pdl)
+        add_project_(residual, attn, self.self_attn.o_proj.weight, pdl)
+        gate_up = project(residual, self.mlp.gate_up_proj.weight, pdl)
+        act = silu_and_mul(gate_up, rms_of=residual, eps=self.post_attention_layernorm.eps, pdl=pdl)
+        self.mlp.add_down_(residual, act, pdl)
 
 
 class LlamaModel(nn.Module):
@@ -157,6 +171,7 @@ class LlamaModel(nn.Module):
         ctx: ForwardContext,
         one_token_gemv: bool = False,
         deferred_norm: bool = False,
+        pdl: bool = False,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if one_token_gemv:
@@ -164,8 +179,8 @@ class LlamaModel(nn.Module):
                 x = layer.forward_one_token(x, positions, ctx)
             return self.norm(x)
         if deferred_norm:
-            for layer in self.layers:
-                layer.forward_deferred_norm(x, positions, ctx)  # x is the residual stream, updated in place
+            for layer in self.layers:  # x is the residual stream, updated in place
+                layer.forward_deferred_norm(x, positions, ctx, pdl)
             return self.norm(x)
         residual = None
         for layer in self.layers:
@@ -191,6 +206,9 @@ class LlamaForCausalLM(nn.Module):
         self.one_token_gemv = True
         # Set by fold_norm_weights: decode-only steps then run without RMSNorm launches.
         self.norms_folded = False
+        # Set by the runner where PDL pays (`pdl_decode_pays`, an sm_90+ GPU): those steps of up to
+        # skinny_gemm.MAX_ROWS rows then run as one programmatic-dependent-launch chain.
+        self.pdl_decode = False
         self.model = LlamaModel(cfg, max_positions)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -208,7 +226,14 @@ class LlamaForCausalLM(nn.Module):
             and ctx.backend.deferred_norm_pays(input_ids.shape[0], self.cfg.head_dim)
             and fused_kernels_for(input_ids)
         )
-        return self.model(input_ids, positions, ctx, deferred_norm=deferred)
+        pdl = deferred and self.pdl_decode and input_ids.shape[0] <= SKINNY_MAX_ROWS
+        return self.model(input_ids, positions, ctx, deferred_norm=deferred, pdl=pdl)
+
+    @property
+    def pdl_decode_pays(self) -> bool:
+        """Whether decode steps should run as a PDL chain: only on the deferred-norm path (folded norms) of a
+        small model (`PDL_DECODE_MAX_HIDDEN`)."""
+        return self.norms_folded and self.cfg.hidden_size <= PDL_DECODE_MAX_HIDDEN
 
     @property
     def can_fold_norms(self) -> bool:

@@ -9,6 +9,7 @@ from torch import nn
 from roseinfer.attention.backend import get_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import EngineConfig
+from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.kernels.prefill_plan import TilePlanner
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
@@ -74,6 +75,10 @@ class ModelRunner:
             and self.dtype != torch.float16
         ):
             self.model.fold_norm_weights()
+        if hasattr(self.model, "pdl_decode"):
+            self.model.pdl_decode = (
+                config.pdl_decode and pdl_supported(self.device) and self.model.pdl_decode_pays
+            )
         self.kv_cache: torch.Tensor | None = None
         self.generators: dict[str, torch.Generator] = {}
         self.staging = Staging(self.device)  # start-up profiling and benchmarks

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.models import llama
 from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
 from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
@@ -190,11 +191,14 @@ def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
     prompts = random_prompts(model.config.vocab_size, seed=41)
     want = [hf_greedy(model, p, 12) for p in prompts]
     for eager in (True, False):
-        llm = fp32_triton_engine(str(tmp_path), eager, num_kv_blocks=512, max_num_seqs=16)
-        assert llm.engine.core.runner.model.norms_folded
-        assert token_ids(llm, prompts) == want, f"eager={eager}"
-        del llm
-        free_gpu()
+        for pdl in (True, False):
+            llm = fp32_triton_engine(str(tmp_path), eager, num_kv_blocks=512, max_num_seqs=16, pdl_decode=pdl)
+            runner_model = llm.engine.core.runner.model
+            assert runner_model.norms_folded
+            assert runner_model.pdl_decode == (pdl and pdl_supported(torch.device("cuda")))
+            assert token_ids(llm, prompts) == want, f"eager={eager} pdl={pdl}"
+            del llm, runner_model
+            free_gpu()
 
 
 def test_down_gemm_on_cublaslt_matches_hf_on_gpu(tmp_path, monkeypatch):

@@ -128,3 +128,42 @@ def test_fold_norms_switched_off_and_qk_norm_models_unfolded(tmp_path, triton_ke
     assert triton_kernels_on_cpu["deferred_layers"] == 0
     with pytest.raises(ValueError, match="q/k norms"):
         llm.engine.core.runner.model.fold_norm_weights()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_pdl_decode_chain_matches_hf(arch, tmp_path, triton_kernels_on_cpu, monkeypatch):
+    """Decode steps as the PDL chain (`pdl_decode`): the skinny Triton GEMMs into the same buffers, SiLU and
+    attention launched as its members. The interpreter runs the launches in order (no PDL there), so this
+    checks the chain's arithmetic and wiring; the GPU tests check its ordering."""
+    import roseinfer.kernels.skinny_gemm as skinny
+
+    shapes = []
+    real = skinny.skinny_gemm
+
+    def counting(x, w, *args, **kwargs):
+        assert kwargs.get("pdl") is True
+        shapes.append(tuple(w.shape))
+        return real(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(layers, "skinny_gemm", counting)
+    model = hf_model_with_spread_norms(arch, tmp_path)
+    prompts = random_prompts(model.config.vocab_size, seed=26, lengths=[2, 15, 33])
+    want = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+    llm = _engine(tmp_path)
+    runner_model = llm.engine.core.runner.model
+    assert not runner_model.pdl_decode  # no sm_90 GPU here
+    assert runner_model.pdl_decode_pays  # a small, folded model
+    runner_model.pdl_decode = True
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    cfg = model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    per_layer = [
+        ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * head_dim, cfg.hidden_size),
+        (cfg.hidden_size, cfg.num_attention_heads * head_dim),
+        (2 * cfg.intermediate_size, cfg.hidden_size),
+        (cfg.hidden_size, cfg.intermediate_size),
+    ]
+    assert shapes == per_layer * cfg.num_hidden_layers * (MAX_TOKENS - 1)
+    assert triton_kernels_on_cpu["deferred_layers"] == (MAX_TOKENS - 1) * cfg.num_hidden_layers

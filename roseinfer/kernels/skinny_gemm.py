@@ -1,0 +1,220 @@
+"""`out (+)= x @ w.T` for a few rows (a small model's decode step), as a Triton kernel that can be launched
+with programmatic dependent launch (`kernels/pdl.py`).
+
+Launch for launch cuBLAS is as fast or a little faster, but its kernels do not take part in PDL: in a chain
+of cuBLAS GEMMs every launch pays its whole fixed cost. With every kernel of a decode layer ours and
+launched with PDL, each launch overlaps its predecessor's tail. qwen2.5-0.5b's layer of GEMMs and SiLU on an
+H100, 24 layers in a CUDA graph, us a layer (`scripts/probe_pdl_chain.py`):
+
+    rows | cuBLAS + SiLU | these, no PDL | these, PDL
+       8 |  24.9-25.1    |  28.2-28.5    | 24.1-24.4
+      64 |  26.8-27.0    |  30.1         | 26.0-26.4
+     128 |  29.2-29.3    |  38.7-38.8    | 34.5-35.1   (the tiles stop paying: rows are capped at MAX_ROWS)
+
+A program owns BLOCK_N output columns and one share of K. With several shares (split-K, for GEMMs whose
+output is too narrow to fill the GPU) each program writes an fp32 partial and a second launch adds them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from roseinfer.kernels._common import dot_dtype, dot_precision, num_sms
+from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
+
+MAX_ROWS = 64
+MAX_SPLIT = 8
+REDUCE_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    split: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def skinny_tile(n: int, k: int, sms: int) -> GemmTile:
+    """The tile for an [n, k] weight. Swept on an H100 for qwen2.5-0.5b at 8-64 rows, the same best tile at
+    every row count: qkv (1152 x 896) 16 columns, one share; gate_up (9728 x 896) 32 columns, one share;
+    o (896 x 896) 32 columns, 4 shares; down (896 x 4864) 32 columns, 8 shares. So: an output wider than K takes no
+    split (its reduce launch costs more than it saves); any other cuts K into shares of ~256."""
+    if n > k:
+        narrow = triton.cdiv(n, 32) < sms // 2
+        return GemmTile(16 if narrow else 32, 128, 1)
+    split = min(MAX_SPLIT, triton.next_power_of_2(triton.cdiv(k, 256)))
+    return GemmTile(32, 128, split)
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    stride_o,
+    k_per_split,
+    ADD: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """Columns [pid_n * BLOCK_N, +BLOCK_N) over K share pid_k: to `out` (plus its old value with ADD) in one
+    share, else as the fp32 partial `part[pid_k]`."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    k0 = pid_k * k_per_split
+    # Reading the weights before the wait measured slower: programs waiting on the predecessor hold SM slots
+    # and bandwidth that it needs (PERFORMANCE.md, seventeenth session).
+    wait_for_producer(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, k_per_split, BLOCK_K):  # k_per_split is a multiple of BLOCK_K
+        offs_k = k0 + kk + tl.arange(0, BLOCK_K)
+        xa = tl.load(
+            x_ptr + offs_m[:, None] * stride_x + offs_k[None, :],
+            mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
+            other=0.0,
+        )
+        wb = tl.load(
+            w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None],
+            mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
+            other=0.0,
+        )
+        acc = tl.dot(xa.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if SPLIT == 1:
+        out = out_ptr + offs_m[:, None] * stride_o + offs_n[None, :]
+        if ADD:
+            acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _split_sum_kernel(
+    part_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_o,
+    ADD: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    wait_for_producer(PDL)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
+    out = out_ptr + (offs // N) * stride_o + offs % N
+    if ADD:
+        acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out: torch.Tensor | None = None,
+    add: bool = False,
+    pdl: bool = False,
+    tile: GemmTile | None = None,
+) -> torch.Tensor:
+    """`x @ w.T` for x [M <= MAX_ROWS, K] and w [N, K], into `out` [M, N] (new if None), or added to `out`
+    with `add` (in fp32, rounded once). `pdl`: launch with programmatic dependent launch (sm_90+)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x is {x.dtype} but w is {w.dtype}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("x and w need a contiguous last dimension")
+    m, k = x.shape
+    n = w.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
+    if out is None:
+        if add:
+            raise ValueError("add needs an out to add to")
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype:
+        raise ValueError(
+            f"out must be {x.dtype} [{m}, {n}] with a contiguous last dim, got {tuple(out.shape)}"
+        )
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out if add else out.zero_()
+    tile = tile or skinny_tile(n, k, num_sms(x.device))
+    k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
+    split = triton.cdiv(k, k_per_split)  # shares past K would be empty
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
+        x,
+        w,
+        out,
+        part,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        k_per_split,
+        ADD=add,
+        SPLIT=split,
+        BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        PDL=pdl_active(pdl),
+        PRECISION=dot_precision(x.dtype),
+        DOT_DTYPE=dot_dtype(x.dtype),
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **pdl_launch(pdl),
+    )
+    if split > 1:
+        _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+            part,
+            out,
+            m,
+            n,
+            out.stride(0),
+            ADD=add,
+            SPLIT=split,
+            BLOCK=REDUCE_BLOCK,
+            PDL=pdl_active(pdl),
+            num_warps=4,
+            **pdl_launch(pdl),
+        )
+    return out
+
+
+def skinny_gemm_ref(
+    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, add: bool = False
+) -> torch.Tensor:
+    """The product in fp32, plus `out` with `add`, rounded once to x's dtype."""
+    acc = x.float() @ w.float().t()
+    if add:
+        assert out is not None
+        acc = acc + out.float()
+    return acc.to(x.dtype)

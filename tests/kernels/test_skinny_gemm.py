@@ -1,0 +1,122 @@
+"""The skinny decode GEMM (`kernels/skinny_gemm.py`) against the fp32 product, and its PDL chain on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from roseinfer.kernels._common import is_interpret
+from roseinfer.kernels.pdl import pdl_supported
+from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile, skinny_gemm, skinny_gemm_ref, skinny_tile
+from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, HAS_CUDA, TOL, generator, randn
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype == torch.bfloat16 and is_interpret():
+        return 4e-2, 3e-2  # the interpreter truncates to bf16 where the GPU rounds to nearest
+    return TOL[dtype]
+
+
+def _check(m: int, n: int, k: int, dtype: torch.dtype, tile: GemmTile | None, add: bool, pdl: bool = False):
+    g = generator("skinny", m, n, k, dtype, tile, add)
+    x = randn((m, k), dtype, g)
+    w = (randn((n, k), dtype, g).float() / k**0.5).to(dtype)
+    out = randn((m, n), dtype, g) if add else None
+    expect = skinny_gemm_ref(x, w, out, add)
+    got = skinny_gemm(x, w, out.clone() if add else None, add=add, pdl=pdl, tile=tile)
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert torch.isfinite(got).all(), "an output element was not written"
+    atol, rtol = _tolerance(dtype)
+    torch.testing.assert_close(got.float(), expect.float(), atol=atol, rtol=rtol)
+
+
+# K shares that end mid-tile, a share count that leaves the last shares empty, columns past a tile's edge
+TILES = [GemmTile(16, 32, 1), GemmTile(32, 16, 2), GemmTile(16, 16, 3), GemmTile(32, 32, 8)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("tile", TILES, ids=str)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 33), (5, 48, 80), (16, 33, 100), (17, 64, 48)])
+@pytest.mark.parametrize("add", [False, True], ids=["store", "add"])
+def test_skinny_gemm_matches_fp32_product(m, n, k, dtype, tile, add):
+    _check(m, n, k, dtype, tile, add)
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["store", "add"])
+def test_skinny_gemm_chosen_tile_and_max_rows(add):
+    _check(MAX_ROWS, 40, 200, torch.float32, None, add)  # n < k: split-K with the chosen tile
+    _check(3, 300, 64, torch.float32, None, add)
+
+
+def test_skinny_tile_follows_the_sweep():
+    """qwen2.5-0.5b's four decode GEMMs on 132 SMs get the tiles the H100 sweep found best."""
+    assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1)
+    assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1)
+    assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 4)
+    assert skinny_tile(896, 4864, 132) == GemmTile(32, 128, 8)
+
+
+def test_skinny_gemm_rejects_bad_input():
+    x = torch.zeros((4, 8), device=DEVICE)
+    w = torch.zeros((6, 8), device=DEVICE)
+    with pytest.raises(ValueError, match="at most"):
+        skinny_gemm(torch.zeros((MAX_ROWS + 1, 8), device=DEVICE), w)
+    with pytest.raises(ValueError, match=r"x \[M, K\]"):
+        skinny_gemm(x, torch.zeros((6, 9), device=DEVICE))
+    with pytest.raises(ValueError, match="add needs"):
+        skinny_gemm(x, w, add=True)
+    with pytest.raises(ValueError, match="out must be"):
+        skinny_gemm(x, w, out=torch.zeros((4, 7), device=DEVICE))
+    with pytest.raises(ValueError, match="is torch.float16"):
+        skinny_gemm(x.half(), w)
+
+
+def test_skinny_gemm_empty_k_stores_zeros_or_leaves_out():
+    x = torch.zeros((3, 0), device=DEVICE)
+    w = torch.zeros((5, 0), device=DEVICE)
+    out = torch.ones((3, 5), device=DEVICE)
+    assert torch.equal(skinny_gemm(x, w, out.clone(), add=True), out)
+    assert torch.equal(skinny_gemm(x, w, out.clone()), torch.zeros_like(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("m", [2, 8, 33, 64])
+@pytest.mark.parametrize(("n", "k"), [(1152, 896), (896, 896), (9728, 896), (896, 4864), (4096, 4096)])
+def test_skinny_gemm_gpu_shapes(m, n, k, dtype):
+    pdl = pdl_supported(DEVICE)
+    for add in (False, True):
+        _check(m, n, k, dtype, None, add, pdl)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA or not pdl_supported(DEVICE), reason="needs an sm_90+ GPU")
+def test_pdl_chain_in_a_graph_equals_plain_launches():
+    """A chain where each GEMM reads the previous one's output (and adds into a shared stream), replayed as
+    one CUDA graph with PDL launches: a wait in the wrong place would read a stale or half-written input."""
+    g = generator("pdl-chain")
+    hidden, wide = 896, 4864
+    ws = [(randn((wide, hidden), torch.bfloat16, g) * hidden**-0.5, randn((hidden, wide), torch.bfloat16, g) * 0.02)
+          for _ in range(12)]  # fmt: skip
+    x0 = randn((64, hidden), torch.bfloat16, g)
+
+    def chain(x: torch.Tensor, pdl: bool) -> None:
+        for up, down in ws:
+            h = skinny_gemm(x, up, pdl=pdl)
+            skinny_gemm(h, down, out=x, add=True, pdl=pdl)
+
+    expect = x0.clone()
+    chain(expect, pdl=False)
+    x = x0.clone()
+    chain(x, pdl=True)  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(x, pdl=True)
+    for _ in range(3):
+        x.copy_(x0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(x, expect)
