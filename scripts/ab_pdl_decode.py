@@ -1,0 +1,119 @@
+"""Decode steps with and without the PDL chain (`pdl_decode`), two engines in one process, alternating.
+
+`bench roofline` times one engine per process, and its decode figures move up to ~7% between runs of one
+tree; this puts both engines in one process on the same (dummy) weights and step, and times:
+- `replay`: the step's captured CUDA graph replayed back to back (GPU time only, CUDA events);
+- `run`: `DecodeGraphs.run` as the engine calls it (inputs staged and uploaded, then the replay);
+- with `--kernels`, device us per step by kernel (torch profiler, CUDA activity only).
+
+    python scripts/ab_pdl_decode.py --model-shape qwen2.5-0.5b --batches 16,64 --context 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import numpy as np
+import torch
+
+from roseinfer.bench.roofline import decode_step
+from roseinfer.entrypoints.llm import LLM
+
+
+def engine(shape: str, pdl: bool, max_batch: int, context: int) -> LLM:
+    blocks = max_batch * (-(-context // 16) + 1) + 16
+    return LLM(
+        shape,
+        load_format="dummy",
+        dtype="bfloat16",
+        block_size=16,
+        num_kv_blocks=blocks,
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=2048,
+        max_model_len=context + 16,
+        mixed_graph_max_tokens=0,
+        enable_prefix_caching=False,
+        pdl_decode=pdl,
+    )
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def run_us(fn, n: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+@torch.inference_mode()
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-shape", default="qwen2.5-0.5b")
+    p.add_argument("--batches", default="16,64")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--kernels", action="store_true")
+    args = p.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    engines = {
+        name: engine(args.model_shape, pdl, max(batches), args.context)
+        for name, pdl in (("pdl", True), ("plain", False))
+    }
+    for name, llm in engines.items():
+        print(f"{name}: pdl_decode={llm.engine.core.runner.model.pdl_decode}")
+    vocab = engines["pdl"].engine.core.runner.cfg.vocab_size
+    print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")
+    print(f"{'batch':>5} {'engine':>6} {'replay':>9} {'run':>9}   rounds (replay)")
+    for batch in batches:
+        step = decode_step(batch, args.context, 16, vocab, np.random.default_rng(batch))
+        graphs = {name: llm.engine.core.runner.graphs for name, llm in engines.items()}
+        for g in graphs.values():
+            assert g is not None and g.can_run(step)
+            g.run(step, None)
+        logits = {}
+        for name, g in graphs.items():
+            graph, out = g.graphs[batch]
+            graph.replay()
+            logits[name] = out[:batch].float().clone()
+        diff = (logits["pdl"] - logits["plain"]).abs().max().item()
+        times: dict[str, dict[str, list[float]]] = {n: {"replay": [], "run": []} for n in graphs}
+        for _ in range(args.rounds):
+            for name, g in graphs.items():
+                times[name]["replay"].append(replay_us(g.graphs[batch][0], args.iters))
+                times[name]["run"].append(run_us(lambda g=g, step=step: g.run(step, None), args.iters // 4))
+        for name in graphs:
+            r = times[name]
+            print(
+                f"{batch:5d} {name:>6} {statistics.median(r['replay']):9.1f} {statistics.median(r['run']):9.1f}   "
+                + " ".join(f"{x:.0f}" for x in r["replay"])
+            )
+        print(f"      logits max |pdl - plain| {diff:.3g}")
+        if args.kernels:
+            from probe_step_kernels import kernel_table, print_table
+
+            for name, g in graphs.items():
+                graph = g.graphs[batch][0]
+                rows, total = kernel_table(graph.replay, 20)
+                print_table(f"{name} b={batch}", rows, total, 16)
+
+
+if __name__ == "__main__":
+    main()
