@@ -34,6 +34,7 @@ from roseinfer.kernels._common import (
     dot_precision,
     gather_sequence_kv,
 )
+from roseinfer.kernels.decode_kv_tile import attend_tile, load_kv_tile
 from roseinfer.kernels.decode_new_token import (
     NewTokenKV,
     attend_new_token,
@@ -45,6 +46,9 @@ from roseinfer.kernels.decode_split_merge import finish_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
+
+# Under PDL, load the first K/V tile before waiting on the kernel before (the qkv GEMM).
+PRELOAD_BEFORE_WAIT = True
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -107,6 +111,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PDL: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     split = tl.program_id(2)
@@ -123,27 +128,39 @@ def _decode_kernel(
     # With APPEND the last key (index seq_len - 1) is the step's own token: it comes from k_new/v_new, not
     # from the cache, and the program whose share holds that index writes it into the cache.
     cached_end = tl.minimum(end, seq_len - 1) if APPEND else end
-    # Everything above reads only the step's inputs; q, the new token and x come from the kernels before.
-    wait_for_producer(PDL)
-
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
     heads = kvh * GROUP + g
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
     q_mask = g_mask[:, None] & d_mask[None, :]
-    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
-    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
     # Offsets of q's, the kv head's k's and v's bias in the fused qkv bias (used with DEFERRED_NORM).
     q_bias = heads[:, None] * HEAD_DIM
     k_bias = (num_q_heads + kvh) * HEAD_DIM
     v_bias = (num_q_heads + num_kv_heads + kvh) * HEAD_DIM
+    bt_row = block_tables_ptr + b64 * stride_btb
+    k_base = k_cache_ptr + kvh * stride_kh
+    v_base = v_cache_ptr + kvh * stride_vh
+
+    # Up to the wait, read only the step's inputs, the cache's earlier keys and what launches at least two
+    # back wrote (x, the layer's input): under PDL those are final once this launch may start.
     inv_rms = 1.0
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
-        q = scale_by_inv_rms(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
     if ROPE:
         partner, cos, sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM)
+    if PRELOAD:  # the first tile's K/V stream in while the qkv GEMM before finishes
+        k_first, v_first, first_mask = load_kv_tile(
+            start, cached_end, bt_row, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
+            BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+    wait_for_producer(PDL)
+
+    q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_rows + d[None, :], mask=q_mask, other=0.0)
+    if DEFERRED_NORM:
+        q = scale_by_inv_rms(q, inv_rms, bias_ptr + q_bias + d[None, :], q_mask, HAS_BIAS)
+    if ROPE:
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0)
         if DEFERRED_NORM:
             q_partner = scale_by_inv_rms(
@@ -155,35 +172,19 @@ def _decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-
-    bt_row = block_tables_ptr + b64 * stride_btb
-    k_base = k_cache_ptr + kvh * stride_kh
-    v_base = v_cache_ptr + kvh * stride_vh
-    for n0 in range(start, cached_end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < cached_end
-        if BLOCK_SIZE >= BLOCK_N:
-            # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
-            blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)
-            k_rows = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks
-            v_rows = blk * stride_vb + (n % BLOCK_SIZE) * stride_vs
-        else:
-            blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-            k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
-            v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION
-        )
-        m_i = m_new
+    first = start
+    if PRELOAD:
+        if start < cached_end:
+            m_i, l_i, acc = attend_tile(
+                q, k_first, v_first, first_mask, m_i, l_i, acc, qk_scale, PRECISION, DOT_DTYPE
+            )
+        first = start + BLOCK_N
+    for n0 in range(first, cached_end, BLOCK_N):
+        k, v, n_mask = load_kv_tile(
+            n0, cached_end, bt_row, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
+            BLOCK_SIZE, BLOCK_N,
+        )  # fmt: skip
+        m_i, l_i, acc = attend_tile(q, k, v, n_mask, m_i, l_i, acc, qk_scale, PRECISION, DOT_DTYPE)
 
     if APPEND:
         own = seq_len - 1
@@ -382,6 +383,7 @@ def paged_decode_attention(
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         PDL=pdl_active(pdl),
+        PRELOAD=pdl and PRELOAD_BEFORE_WAIT,  # a code layout, right with or without PDL
         num_warps=num_warps,
         num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),

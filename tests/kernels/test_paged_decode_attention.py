@@ -14,6 +14,7 @@ from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention_ref,
 )
 from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order, live_counters  # noqa: E402
+from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.kernels.rmsnorm import scale_by_inv_rms_ref  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
@@ -202,12 +203,15 @@ def _run_append(
     seed_tag: str,
     deferred_norm: str | None = None,
     order: str | None = None,
+    pdl: bool = False,
 ) -> None:
     """Key seq_len-1 of each sequence is the new token: NaN in the cache before the launch (the kernel must
     not read it), given unrotated in new_kv, and expected rotated in its slot afterwards.
 
     deferred_norm "bias" / "nobias": q, k and v are handed over unfinished (`DeferredNorm`): projections of
-    rows far from unit rms, before their norm; the kernel must scale them by 1 / rms and add the bias."""
+    rows far from unit rms, before their norm; the kernel must scale them by 1 / rms and add the bias.
+    `pdl`: launched as a PDL chain's member, its first K/V tile loaded before the wait (off the GPU, only the
+    code layout)."""
     gen = generator(
         "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits,
         deferred_norm,
@@ -267,6 +271,7 @@ def _run_append(
         num_splits=num_splits,
         new_kv=new_kv,
         order=_order(seq_lens, order, gen),
+        pdl=pdl,
     )
 
     assert torch.equal(qkv, qkv_before), "q, k and v of the step must be left as they were"
@@ -340,6 +345,15 @@ def test_decode_new_token_longest_first(num_splits: int) -> None:
     )
 
 
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_pdl_first_tile_before_the_wait(block_size: int, num_splits: int) -> None:
+    """Splits whose first tile is partial, empty (lengths 0-5 at 3 splits) or the only one."""
+    lens = [5, 40, 16, 0, 33, 1, 65]
+    _run_append(lens, block_size, 14, 2, 64, torch.bfloat16, num_splits, True, "pdl", "bias", "longest", True)
+    _run_append(lens, block_size, 4, 2, 32, torch.float32, num_splits, False, "pdl", None, None, True)
+
+
 def test_decode_new_token_twice_in_a_row() -> None:
     """Back-to-back split launches reuse the merge tickets: each must leave them at zero."""
     for i in range(3):
@@ -401,3 +415,18 @@ def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: 
             "bias",
             "longest",
         )
+        if pdl_supported(DEVICE):  # a lone PDL launch: its wait returns at once, its first tile preloaded
+            _run_append(
+                lens,
+                16,
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                dtype,
+                splits,
+                True,
+                "pdl",
+                "bias",
+                "longest",
+                True,
+            )
