@@ -75,17 +75,21 @@ def main() -> None:
     p.add_argument(
         "--engines",
         default="pdl,plain",
-        help="of pdl, pdl-nopreload (decode attention loads no K/V before its wait), plain (no PDL)",
+        help="of pdl, pdl-nopreload / pdl-preload (decode attention loads its first K/V tile before the wait: "
+        "never / always), plain (no PDL)",
     )
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     engines = {}
+    preload = attention.PRELOAD_MAX_PROGRAMS_PER_SM
     for name in args.engines.split(","):
         # Graphs are captured as each engine starts, with the kernel layout the module says at that moment.
-        attention.PRELOAD_BEFORE_WAIT = name != "pdl-nopreload"
+        attention.PRELOAD_MAX_PROGRAMS_PER_SM = {"pdl-nopreload": 0, "pdl-preload": 1 << 20}.get(
+            name, preload
+        )
         engines[name] = engine(args.model_shape, name != "plain", max(batches), args.context)
         print(f"{name}: pdl_decode={engines[name].engine.core.runner.model.pdl_decode}")
-    attention.PRELOAD_BEFORE_WAIT = True
+    attention.PRELOAD_MAX_PROGRAMS_PER_SM = preload
     vocab = next(iter(engines.values())).engine.core.runner.cfg.vocab_size
     print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")
     print(f"{'batch':>5} {'engine':>6} {'replay':>9} {'run':>9}   rounds (replay)")

@@ -33,6 +33,7 @@ from roseinfer.kernels._common import (
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
+    num_sms,
 )
 from roseinfer.kernels.decode_kv_tile import attend_tile, load_kv_tile
 from roseinfer.kernels.decode_new_token import (
@@ -47,8 +48,11 @@ from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
-# Under PDL, load the first K/V tile before waiting on the kernel before (the qkv GEMM).
-PRELOAD_BEFORE_WAIT = True
+# Under PDL, a launch of at most this many programs per SM loads its first K/V tile before waiting on the
+# kernel before (the qkv GEMM). Holding the tile costs registers: with more programs than SMs the launch lost
+# its single wave. qwen2.5-0.5b decode steps on an H100 (scripts/ab_pdl_decode.py), us a step, preload
+# against not: 64 programs 907 vs 927, 128 946 vs 971; 256 1098 vs 1069, 512 1367 vs 1289.
+PRELOAD_MAX_PROGRAMS_PER_SM = 1
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -383,7 +387,8 @@ def paged_decode_attention(
         PRECISION=dot_precision(q.dtype),
         DOT_DTYPE=dot_dtype(q.dtype),
         PDL=pdl_active(pdl),
-        PRELOAD=pdl and PRELOAD_BEFORE_WAIT,  # a code layout, right with or without PDL
+        # a code layout, right with or without PDL
+        PRELOAD=pdl and num_kv_heads * batch * num_splits <= PRELOAD_MAX_PROGRAMS_PER_SM * num_sms(q.device),
         num_warps=num_warps,
         num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),
