@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import numpy as np
 import torch
@@ -49,6 +50,18 @@ def replay_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / n
+
+
+def host_us(fn, n: int) -> float:
+    """Host wall time per call of `fn`, launched back to back without waiting for the device."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / n
 
 
 def run_us(fn, n: int) -> float:
@@ -118,6 +131,10 @@ def main() -> None:
                 + " ".join(f"{x:.0f}" for x in r["replay"])
             )
         print(f"      logits max difference between the engines {diff:.3g}")
+        for name, g in graphs.items():
+            replay = statistics.median(host_us(g.graphs[batch][0].replay, 20) for _ in range(5))
+            run = statistics.median(host_us(lambda g=g, step=step: g.run(step, None), 20) for _ in range(5))
+            print(f"      host us a call, {name}: graph.replay {replay:.1f}, DecodeGraphs.run {run:.1f}")
         if args.kernels:
             from probe_step_kernels import kernel_table, print_table
 
