@@ -64,6 +64,22 @@ def host_us(fn, n: int) -> float:
     return (t1 - t0) * 1e6 / n
 
 
+def cpu_work_ms(graph: torch.cuda.CUDAGraph | None, vocab: int) -> float:
+    """Wall ms of a fixed piece of host work (building 300 decode steps' inputs in numpy) while `graph` is
+    replayed 100 times on the device (None: an idle device): does a running graph slow the host down?"""
+    rng = np.random.default_rng(0)
+    torch.cuda.synchronize()
+    if graph is not None:
+        for _ in range(100):
+            graph.replay()
+    t0 = time.perf_counter()
+    for _ in range(300):
+        decode_step(64, 1024, 16, vocab, rng)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e3
+
+
 def run_us(fn, n: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
@@ -135,6 +151,10 @@ def main() -> None:
             replay = statistics.median(host_us(g.graphs[batch][0].replay, 20) for _ in range(5))
             run = statistics.median(host_us(lambda g=g, step=step: g.run(step, None), 20) for _ in range(5))
             print(f"      host us a call, {name}: graph.replay {replay:.1f}, DecodeGraphs.run {run:.1f}")
+        for name, g in graphs.items():
+            idle = statistics.median(cpu_work_ms(None, vocab) for _ in range(5))
+            busy = statistics.median(cpu_work_ms(g.graphs[batch][0], vocab) for _ in range(5))
+            print(f"      host work ms, {name}: device idle {idle:.2f}, device replaying {busy:.2f}")
         if args.kernels:
             from probe_step_kernels import kernel_table, print_table
 
