@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 import roseinfer.kernels.paged_decode_attention as attention
-import roseinfer.kernels.skinny_gemm as skinny
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
 
@@ -106,7 +105,7 @@ def main() -> None:
         "--engines",
         default="pdl,plain",
         help="of pdl, pdl-nopreload / pdl-preload (decode attention loads its first K/V tile before the wait: "
-        "never / always), pdl-sumlaunch (split-K partials added by a second launch), plain (no PDL)",
+        "never / always), plain (no PDL)",
     )
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -117,11 +116,9 @@ def main() -> None:
         attention.PRELOAD_MAX_PROGRAMS_PER_SM = {"pdl-nopreload": 0, "pdl-preload": 1 << 20}.get(
             name, preload
         )
-        skinny.SUM_SPLITS_IN_KERNEL = name != "pdl-sumlaunch"
         engines[name] = engine(args.model_shape, name != "plain", max(batches), args.context)
         print(f"{name}: pdl_decode={engines[name].engine.core.runner.model.pdl_decode}")
     attention.PRELOAD_MAX_PROGRAMS_PER_SM = preload
-    skinny.SUM_SPLITS_IN_KERNEL = True
     vocab = next(iter(engines.values())).engine.core.runner.cfg.vocab_size
     print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")
     print(f"{'batch':>5} {'engine':>6} {'replay':>9} {'run':>9}   rounds (replay)")

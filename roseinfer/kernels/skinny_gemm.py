@@ -24,14 +24,11 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import dot_dtype, dot_precision, num_sms
-from roseinfer.kernels.paged_decode_split import merge_counters
 from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 
 MAX_ROWS = 64
 MAX_SPLIT = 8
 REDUCE_BLOCK = 1024
-# Split-K partials added up by the last program of each column tile (a ticket), not by a second launch.
-SUM_SPLITS_IN_KERNEL = True
 
 
 @dataclass(frozen=True)
@@ -68,10 +65,8 @@ def _skinny_gemm_kernel(
     stride_w,
     stride_o,
     k_per_split,
-    counters_ptr,
     ADD: tl.constexpr,
     SPLIT: tl.constexpr,
-    SUM_HERE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -80,8 +75,7 @@ def _skinny_gemm_kernel(
     DOT_DTYPE: tl.constexpr,
 ):
     """Columns [pid_n * BLOCK_N, +BLOCK_N) over K share pid_k: to `out` (plus its old value with ADD) in one
-    share, else as the fp32 partial `part[pid_k]`; with SUM_HERE the last of a column tile's programs to
-    finish (a ticket on `counters[pid_n]`) adds the partials up into `out`."""
+    share, else as the fp32 partial `part[pid_k]`."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -105,26 +99,13 @@ def _skinny_gemm_kernel(
         )
         acc = tl.dot(xa.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    out = out_ptr + offs_m[:, None] * stride_o + offs_n[None, :]
     if SPLIT == 1:
+        out = out_ptr + offs_m[:, None] * stride_o + offs_n[None, :]
         if ADD:
             acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        part = part_ptr + offs_m[:, None] * N + offs_n[None, :]  # share 0's; share s is M * N further
-        tl.store(part + pid_k * M * N, acc, mask=mask)
-        if SUM_HERE:
-            # The barrier orders all threads' partial stores before the (acq_rel, gpu-scope) ticket.
-            tl.debug_barrier()
-            ticket = tl.atomic_add(counters_ptr + pid_n, 1)
-            if ticket == SPLIT - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT):
-                    total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                if ADD:
-                    total += tl.load(out, mask=mask, other=0.0).to(tl.float32)
-                tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(counters_ptr + pid_n, 0)  # ready for the next launch
+        tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
 
 
 @triton.jit
@@ -187,9 +168,6 @@ def skinny_gemm(
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    columns = triton.cdiv(n, tile.block_n)
-    sum_here = split > 1 and SUM_SPLITS_IN_KERNEL
-    counters = merge_counters(x.device, columns) if sum_here else out
     _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
         x,
         w,
@@ -202,10 +180,8 @@ def skinny_gemm(
         w.stride(0),
         out.stride(0),
         k_per_split,
-        counters,
         ADD=add,
         SPLIT=split,
-        SUM_HERE=sum_here,
         BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
@@ -216,7 +192,7 @@ def skinny_gemm(
         num_stages=tile.num_stages,
         **pdl_launch(pdl),
     )
-    if split > 1 and not sum_here:
+    if split > 1:
         _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             part,
             out,
