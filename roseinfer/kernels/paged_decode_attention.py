@@ -33,7 +33,6 @@ from roseinfer.kernels._common import (
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
-    num_sms,
 )
 from roseinfer.kernels.decode_kv_tile import attend_tile, load_kv_tile
 from roseinfer.kernels.decode_new_token import (
@@ -47,12 +46,6 @@ from roseinfer.kernels.decode_split_merge import finish_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
-
-# Under PDL, a launch of at most this many programs per SM loads its first K/V tile before waiting on the
-# kernel before (the qkv GEMM). Holding the tile costs registers: with more programs than SMs the launch lost
-# its single wave. qwen2.5-0.5b decode steps on an H100 (scripts/ab_pdl_decode.py), us a step, preload
-# against not: 64 programs 907 vs 927, 128 946 vs 971; 256 1098 vs 1069, 512 1367 vs 1289.
-PRELOAD_MAX_PROGRAMS_PER_SM = 1
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -329,71 +322,29 @@ def paged_decode_attention(
 
     # A sequence's kv heads are neighbours in the launch order, so they read its blocks together.
     _decode_kernel[(num_kv_heads, batch, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        out,
-        part_m,
-        part_l,
-        part_acc,
-        counters,
-        k_new,
-        v_new,
-        slots,
-        positions,
-        cos_sin,
-        x,
-        bias,
-        order if order is not None else seq_lens,
-        scale * LOG2E,
-        num_q_heads,
-        num_kv_heads,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        k_new.stride(0),
-        k_new.stride(1),
-        v_new.stride(0),
-        v_new.stride(1),
-        x.stride(0),
-        hidden,
-        norm.eps if norm is not None else 0.0,
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        HEAD_DIM=head_dim,
-        D_PAD=d_pad,
-        BLOCK_SIZE=block_size,
-        BLOCK_N=block_n,
-        APPEND=new_kv is not None,
-        ROPE=rope is not None,
-        DEFERRED_NORM=norm is not None,
-        HAS_BIAS=norm is not None and norm.bias is not None,
+        q, k_cache, v_cache, block_tables, seq_lens, out,
+        part_m, part_l, part_acc, counters,
+        k_new, v_new, slots, positions, cos_sin, x, bias, order if order is not None else seq_lens,
+        scale * LOG2E, num_q_heads, num_kv_heads, num_splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        x.stride(0), hidden, norm.eps if norm is not None else 0.0,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        APPEND=new_kv is not None, ROPE=rope is not None,
+        DEFERRED_NORM=norm is not None, HAS_BIAS=norm is not None and norm.bias is not None,
         X_CHUNK=row_chunk(hidden),
-        SPLIT=split,
-        SPLITS_PAD=splits_pad,
-        SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
+        SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         HAS_ORDER=order is not None,
-        PRECISION=dot_precision(q.dtype),
-        DOT_DTYPE=dot_dtype(q.dtype),
+        PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(q.dtype),
         PDL=pdl_active(pdl),
-        # a code layout, right with or without PDL
-        PRELOAD=pdl and num_kv_heads * batch * num_splits <= PRELOAD_MAX_PROGRAMS_PER_SM * num_sms(q.device),
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **launch.launch_options(d_pad, q.dtype, norm is not None),
-        **pdl_launch(pdl),
-    )
+        PRELOAD=launch.preload_first_tile(pdl, num_kv_heads * batch * num_splits, q.device),
+        num_warps=num_warps, num_stages=num_stages,
+        **launch.launch_options(d_pad, q.dtype, norm is not None), **pdl_launch(pdl),
+    )  # fmt: skip
     return out
 
 

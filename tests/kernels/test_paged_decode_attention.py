@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-import roseinfer.kernels.paged_decode_attention as paged_attention
+import roseinfer.kernels.paged_decode_split as decode_launch
 from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV  # noqa: E402
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention,
@@ -352,7 +352,7 @@ def test_decode_new_token_pdl_first_tile_before_the_wait(
     block_size: int, num_splits: int, monkeypatch
 ) -> None:
     """Splits whose first tile is partial, empty (lengths 0-5 at 3 splits) or the only one."""
-    monkeypatch.setattr(paged_attention, "PRELOAD_MAX_PROGRAMS_PER_SM", 1 << 20)
+    monkeypatch.setattr(decode_launch, "PRELOAD_MAX_PROGRAMS_PER_SM", 1 << 20)
     lens = [5, 40, 16, 0, 33, 1, 65]
     _run_append(lens, block_size, 14, 2, 64, torch.bfloat16, num_splits, True, "pdl", "bias", "longest", True)
     _run_append(lens, block_size, 4, 2, 32, torch.float32, num_splits, False, "pdl", None, None, True)
