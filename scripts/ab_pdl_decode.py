@@ -18,7 +18,6 @@ import time
 import numpy as np
 import torch
 
-import roseinfer.kernels.paged_decode_split as launch
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
 
@@ -104,19 +103,14 @@ def main() -> None:
     p.add_argument(
         "--engines",
         default="pdl,plain",
-        help="of pdl, pdl-nopreload / pdl-preload (decode attention loads its first K/V tile before the wait: "
-        "never / always), plain (no PDL)",
+        help="of pdl, plain (no PDL)",
     )
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     engines = {}
-    preload = launch.PRELOAD_MAX_PROGRAMS_PER_SM
     for name in args.engines.split(","):
-        # Graphs are captured as each engine starts, with the kernel layout the module says at that moment.
-        launch.PRELOAD_MAX_PROGRAMS_PER_SM = {"pdl-nopreload": 0, "pdl-preload": 1 << 20}.get(name, preload)
         engines[name] = engine(args.model_shape, name != "plain", max(batches), args.context)
         print(f"{name}: pdl_decode={engines[name].engine.core.runner.model.pdl_decode}")
-    launch.PRELOAD_MAX_PROGRAMS_PER_SM = preload
     vocab = next(iter(engines.values())).engine.core.runner.cfg.vocab_size
     print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")
     print(f"{'batch':>5} {'engine':>6} {'replay':>9} {'run':>9}   rounds (replay)")

@@ -113,7 +113,7 @@ for s in "${sections[@]}"; do
     pdl)  # a qwen layer's GEMM chain with PDL, every kernel ours (the probe behind pdl_decode)
       run pdl '^(qwen|  )' python3 scripts/probe_pdl_chain.py --quick --batches 64,16 --one-step-ks 512 ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
-      run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,pdl-nopreload,plain ;;
+      run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)
       run layouts '.' python3 scripts/probe_gemm_layouts.py --batches 16,64,128,256 ;;
     l2)  # warming L2 with the next weights on a side stream (a no-go at d255ae7)

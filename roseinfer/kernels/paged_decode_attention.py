@@ -108,7 +108,6 @@ def _decode_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PDL: tl.constexpr,
-    PRELOAD: tl.constexpr,
 ):
     kvh = tl.program_id(0)
     split = tl.program_id(2)
@@ -139,18 +138,13 @@ def _decode_kernel(
     k_base = k_cache_ptr + kvh * stride_kh
     v_base = v_cache_ptr + kvh * stride_vh
 
-    # Up to the wait, read only the step's inputs, the cache's earlier keys and what launches at least two
-    # back wrote (x, the layer's input): under PDL those are final once this launch may start.
+    # Up to the wait, read only the step's inputs and what launches at least two back wrote (x, the layer's
+    # input): under PDL those are final once this launch may start (kernels/pdl.py).
     inv_rms = 1.0
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
     if ROPE:
         partner, cos, sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM)
-    if PRELOAD:  # the first tile's K/V stream in while the qkv GEMM before finishes
-        k_first, v_first, first_mask = load_kv_tile(
-            start, cached_end, bt_row, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
-            BLOCK_SIZE, BLOCK_N,
-        )  # fmt: skip
     wait_for_producer(PDL)
 
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
@@ -169,14 +163,7 @@ def _decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-    first = start
-    if PRELOAD:
-        if start < cached_end:
-            m_i, l_i, acc = attend_tile(
-                q, k_first, v_first, first_mask, m_i, l_i, acc, qk_scale, PRECISION, DOT_DTYPE
-            )
-        first = start + BLOCK_N
-    for n0 in range(first, cached_end, BLOCK_N):
+    for n0 in range(start, cached_end, BLOCK_N):
         k, v, n_mask = load_kv_tile(
             n0, cached_end, bt_row, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
             BLOCK_SIZE, BLOCK_N,
@@ -341,7 +328,6 @@ def paged_decode_attention(
         HAS_ORDER=order is not None,
         PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(q.dtype),
         PDL=pdl_active(pdl),
-        PRELOAD=launch.preload_first_tile(pdl, num_kv_heads * batch * num_splits, q.device),
         num_warps=num_warps, num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None), **pdl_launch(pdl),
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """How paged decode attention is launched: how it cuts sequences into splits (flash-decoding), the ticket
-counters its programs use to merge the splits within the same launch, its tile configuration, and when
-it loads its first K/V tile before a PDL wait. Host-side only: no kernels here."""
+counters its programs use to merge the splits within the same launch, and its tile configuration.
+Host-side only: no kernels here."""
 
 from __future__ import annotations
 
@@ -96,19 +96,6 @@ def launch_options(head_dim_pad: int, dtype: torch.dtype, deferred_norm: bool) -
     if deferred_norm and head_dim_pad == 128 and dtype != torch.float32 and not is_interpret():
         return {"maxnreg": 128}
     return {}
-
-
-# Under PDL, a launch of at most this many programs per SM loads its first K/V tile before waiting on the
-# kernel before (the qkv GEMM). Holding the tile costs registers: with more programs than SMs the launch lost
-# its single wave. qwen2.5-0.5b decode steps on an H100 (scripts/ab_pdl_decode.py), us a step, preload
-# against not: 64 programs 907 vs 927, 128 946 vs 971; 256 1098 vs 1069, 512 1367 vs 1289.
-PRELOAD_MAX_PROGRAMS_PER_SM = 1
-
-
-def preload_first_tile(pdl: bool, programs: int, device: torch.device) -> bool:
-    """Whether a launch of `programs` programs loads its first K/V tile before its PDL wait (a code layout,
-    right with or without PDL: the interpreter runs it too)."""
-    return pdl and programs <= PRELOAD_MAX_PROGRAMS_PER_SM * num_sms(device)
 
 
 def split_workspace(

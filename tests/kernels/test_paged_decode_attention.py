@@ -8,7 +8,6 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-import roseinfer.kernels.paged_decode_split as decode_launch
 from roseinfer.kernels.decode_new_token import DeferredNorm, NewTokenKV  # noqa: E402
 from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention,
@@ -211,8 +210,7 @@ def _run_append(
 
     deferred_norm "bias" / "nobias": q, k and v are handed over unfinished (`DeferredNorm`): projections of
     rows far from unit rms, before their norm; the kernel must scale them by 1 / rms and add the bias.
-    `pdl`: launched as a PDL chain's member, its first K/V tile loaded before the wait (off the GPU, only the
-    code layout)."""
+    `pdl`: launched as a PDL chain's member (off the GPU, where there is no PDL, only its code layout)."""
     gen = generator(
         "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits,
         deferred_norm,
@@ -348,11 +346,9 @@ def test_decode_new_token_longest_first(num_splits: int) -> None:
 
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_new_token_pdl_first_tile_before_the_wait(
-    block_size: int, num_splits: int, monkeypatch
-) -> None:
-    """Splits whose first tile is partial, empty (lengths 0-5 at 3 splits) or the only one."""
-    monkeypatch.setattr(decode_launch, "PRELOAD_MAX_PROGRAMS_PER_SM", 1 << 20)
+def test_decode_new_token_pdl_layout(block_size: int, num_splits: int) -> None:
+    """The PDL variant (the layer input's 1 / rms and the rotary table read before its wait) at splits whose
+    share is partial, empty (lengths 0-5 at 3 splits) or the only one."""
     lens = [5, 40, 16, 0, 33, 1, 65]
     _run_append(lens, block_size, 14, 2, 64, torch.bfloat16, num_splits, True, "pdl", "bias", "longest", True)
     _run_append(lens, block_size, 4, 2, 32, torch.float32, num_splits, False, "pdl", None, None, True)
@@ -419,7 +415,7 @@ def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: 
             "bias",
             "longest",
         )
-        if pdl_supported(DEVICE):  # a lone PDL launch: its wait returns at once, its first tile preloaded
+        if pdl_supported(DEVICE):  # a lone PDL launch: its wait returns at once
             _run_append(
                 lens,
                 16,
