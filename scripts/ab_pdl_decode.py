@@ -100,16 +100,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--kernels", action="store_true")
-    p.add_argument(
-        "--engines",
-        default="pdl,plain",
-        help="of pdl, plain (no PDL)",
-    )
+    p.add_argument("--engines", default="pdl,plain", help="of pdl (the chain), plain (no PDL)")
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    names = args.engines.split(",")
+    if not set(names) <= {"pdl", "plain"}:
+        p.error(f"--engines takes pdl and plain, got {args.engines!r}")
     engines = {}
-    for name in args.engines.split(","):
-        engines[name] = engine(args.model_shape, name != "plain", max(batches), args.context)
+    for name in names:
+        engines[name] = engine(args.model_shape, name == "pdl", max(batches), args.context)
         print(f"{name}: pdl_decode={engines[name].engine.core.runner.model.pdl_decode}")
     vocab = next(iter(engines.values())).engine.core.runner.cfg.vocab_size
     print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")
