@@ -2,9 +2,6 @@
 
 With `rms_of`, x is the gate_up projection of rows taken before their RMSNorm (the norm's weight folded
 into the projection): the kernel first scales both halves by 1 / rms of the row of `rms_of`.
-
-x may also come as the float32 partial products of a split-K GEMM, [S, N, 2I] (`skinny_gemm_shares`): the
-kernel adds them up as it reads them, so the GEMM needs no reduce launch of its own.
 """
 
 from __future__ import annotations
@@ -26,11 +23,9 @@ def _silu_and_mul_kernel(
     stride_x,
     stride_o,
     stride_r,
-    share_stride,
     n_cols,
     r_cols,
     eps,
-    SHARES: tl.constexpr,
     BLOCK: tl.constexpr,
     DEFERRED_NORM: tl.constexpr,
     R_CHUNK: tl.constexpr,
@@ -42,13 +37,6 @@ def _silu_and_mul_kernel(
     wait_for_producer(PDL)
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
-    if SHARES > 1:
-        for s in tl.static_range(1, SHARES):
-            gate += tl.load(x_ptr + s * share_stride + row * stride_x + cols, mask=mask, other=0.0)
-            up += tl.load(x_ptr + s * share_stride + row * stride_x + n_cols + cols, mask=mask, other=0.0)
-    # the projection rounded as the GEMM's output would be
-    gate = gate.to(out_ptr.dtype.element_ty)
-    up = up.to(out_ptr.dtype.element_ty)
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(r_ptr + row * stride_r, r_cols, eps, R_CHUNK)
         gate = scale_by_inv_rms(gate, inv_rms, r_ptr, mask, HAS_BIAS=False)
@@ -61,41 +49,33 @@ def _silu_and_mul_kernel(
 
 
 def silu_and_mul(
-    x: torch.Tensor,
-    rms_of: torch.Tensor | None = None,
-    eps: float = 0.0,
-    pdl: bool = False,
-    out_dtype: torch.dtype | None = None,
+    x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False
 ) -> torch.Tensor:
     """x [N, 2I] -> [N, I]. `rms_of` [N, H]: the rows whose RMSNorm was deferred to here (see module doc).
-    `pdl`: launch with programmatic dependent launch (`kernels/pdl.py`). x may be split-K shares
-    [S, N, 2I] in float32, added up here; the output is `out_dtype` (default x's dtype)."""
-    shares = x if x.dim() == 3 else x.unsqueeze(0)
-    _, n_rows, width = shares.shape
+    `pdl`: launch with programmatic dependent launch (`kernels/pdl.py`)."""
+    n_rows, width = x.shape
     n_cols = width // 2
-    if shares.stride(-1) != 1 or (shares.shape[0] > 1 and shares.stride(0) != n_rows * shares.stride(1)):
-        raise ValueError("silu_and_mul needs a contiguous last dimension (and packed shares)")
+    if x.stride(-1) != 1:
+        raise ValueError("silu_and_mul needs a contiguous last dimension")
     if rms_of is not None and (rms_of.dim() != 2 or rms_of.shape[0] < n_rows or rms_of.stride(-1) != 1):
         raise ValueError(
             f"rms_of must be [>= {n_rows}, H] with a contiguous last dim, got {tuple(rms_of.shape)}"
         )
-    out = torch.empty((n_rows, n_cols), dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return out
     block, num_warps = _config(n_cols, r_cols=rms_of.shape[1] if rms_of is not None else 0)
-    r = rms_of if rms_of is not None else out
+    r = rms_of if rms_of is not None else x
     _silu_and_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        shares,
+        x,
         out,
         r,
-        shares.stride(1),
+        x.stride(0),
         out.stride(0),
         r.stride(0),
-        shares.stride(0),
         n_cols,
         r.shape[1],
         eps,
-        SHARES=shares.shape[0],
         BLOCK=block,
         DEFERRED_NORM=rms_of is not None,
         R_CHUNK=row_chunk(r.shape[1]),
@@ -115,15 +95,7 @@ def _config(n_cols: int, r_cols: int) -> tuple[int, int]:
     return min(1024, triton.next_power_of_2(n_cols)), 4
 
 
-def silu_and_mul_ref(
-    x: torch.Tensor,
-    rms_of: torch.Tensor | None = None,
-    eps: float = 0.0,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    if x.dim() == 3:  # split-K shares
-        x = x.sum(0)
-    x = x.to(out_dtype or x.dtype)
+def silu_and_mul_ref(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     if rms_of is not None:
         x = scale_by_inv_rms_ref(x, rms_of[: x.shape[0]], eps)
     gate, up = x.chunk(2, dim=-1)

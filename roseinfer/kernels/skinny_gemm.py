@@ -12,9 +12,7 @@ H100, 24 layers in a CUDA graph, us a layer (`scripts/probe_pdl_chain.py`):
      128 |  29.2-29.3    |  38.7-38.8    | 34.5-35.1   (the tiles stop paying: rows are capped at MAX_ROWS)
 
 A program owns BLOCK_N output columns and one share of K. With several shares (split-K, for GEMMs whose
-output is too narrow to fill the GPU) each program writes an fp32 partial and a second launch adds them up,
-or (`atomic`) adds its share straight into the output with atomics: no second launch, but the order of the
-sum, and so its rounding, varies from run to run.
+output is too narrow to fill the GPU) each program writes an fp32 partial and a second launch adds them up.
 """
 
 from __future__ import annotations
@@ -69,7 +67,6 @@ def _skinny_gemm_kernel(
     k_per_split,
     ADD: tl.constexpr,
     SPLIT: tl.constexpr,
-    ATOMIC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -78,7 +75,7 @@ def _skinny_gemm_kernel(
     DOT_DTYPE: tl.constexpr,
 ):
     """Columns [pid_n * BLOCK_N, +BLOCK_N) over K share pid_k: to `out` (plus its old value with ADD) in one
-    share, else as the fp32 partial `part[pid_k]`, or added into `out` with atomics (ATOMIC)."""
+    share, else as the fp32 partial `part[pid_k]`."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,8 +104,6 @@ def _skinny_gemm_kernel(
         if ADD:
             acc += tl.load(out, mask=mask, other=0.0).to(tl.float32)
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    elif ATOMIC:
-        tl.atomic_add(out_ptr + offs_m[:, None] * stride_o + offs_n[None, :], acc, mask=mask, sem="relaxed")
     else:
         tl.store(part_ptr + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
 
@@ -144,36 +139,60 @@ def skinny_gemm(
     add: bool = False,
     pdl: bool = False,
     tile: GemmTile | None = None,
-    atomic: bool = False,
 ) -> torch.Tensor:
-    """`x @ w.T` for x [M <= MAX_ROWS, K] and w [N, K], into `out` [M, N] (new if None, of w's dtype), or
-    added to `out` with `add` (in fp32, rounded once). x may be float32 over half-precision weights (rounded
-    to theirs as it is read), and so may an `out` that is added to. `pdl`: launch with programmatic
-    dependent launch (sm_90+). `atomic` (with `add`): split-K shares add into `out` with atomics."""
-    _check_operands(x, w)
-    if atomic and not add:
-        raise ValueError("atomic split-K adds into out: it needs add")
+    """`x @ w.T` for x [M <= MAX_ROWS, K] and w [N, K], into `out` [M, N] (new if None), or added to `out`
+    with `add` (in fp32, rounded once). `pdl`: launch with programmatic dependent launch (sm_90+)."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x is {x.dtype} but w is {w.dtype}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("x and w need a contiguous last dimension")
     m, k = x.shape
     n = w.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
     if out is None:
         if add:
             raise ValueError("add needs an out to add to")
-        out = torch.empty((m, n), dtype=w.dtype, device=x.device)
-    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype not in _out_dtypes(w.dtype, add):
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype:
         raise ValueError(
-            f"out must be {w.dtype} (or float32 when added to) [{m}, {n}] with a contiguous last dim, "
-            f"got {out.dtype} {tuple(out.shape)}"
+            f"out must be {x.dtype} [{m}, {n}] with a contiguous last dim, got {tuple(out.shape)}"
         )
     if m == 0 or n == 0:
         return out
     if k == 0:
         return out if add else out.zero_()
     tile = tile or skinny_tile(n, k, num_sms(x.device))
-    k_per_split, split = _k_shares(k, tile)
-    reduce_launch = split > 1 and not atomic
-    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if reduce_launch else out
-    _launch(x, w, out, part, k_per_split, split, tile, add, atomic, pdl)
-    if reduce_launch:
+    k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
+    split = triton.cdiv(k, k_per_split)  # shares past K would be empty
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
+        x,
+        w,
+        out,
+        part,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        k_per_split,
+        ADD=add,
+        SPLIT=split,
+        BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        PDL=pdl_active(pdl),
+        PRECISION=dot_precision(x.dtype),
+        DOT_DTYPE=dot_dtype(x.dtype),
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+        **pdl_launch(pdl),
+    )
+    if split > 1:
         _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             part,
             out,
@@ -190,92 +209,12 @@ def skinny_gemm(
     return out
 
 
-def skinny_gemm_shares(
-    x: torch.Tensor, w: torch.Tensor, pdl: bool = False, tile: GemmTile | None = None
-) -> torch.Tensor:
-    """`x @ w.T` as its split-K shares, [S, M, N] float32, not added up: for a consumer that adds them as it
-    reads them (`activation.silu_and_mul`), so that no reduce launch is needed."""
-    _check_operands(x, w)
-    m, k = x.shape
-    n = w.shape[0]
-    tile = tile or skinny_tile(n, k, num_sms(x.device))
-    k_per_split, split = _k_shares(k, tile)
-    if m == 0 or n == 0 or k == 0:
-        return torch.zeros((1, m, n), dtype=torch.float32, device=x.device)
-    shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _launch(x, w, shares[0], shares, k_per_split, split, tile, False, False, pdl)
-    return shares
-
-
-def _check_operands(x: torch.Tensor, w: torch.Tensor) -> None:
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.dtype not in (w.dtype, torch.float32):
-        raise ValueError(f"x is {x.dtype} but w is {w.dtype}")
-    if x.stride(-1) != 1 or w.stride(-1) != 1:
-        raise ValueError("x and w need a contiguous last dimension")
-    if x.shape[0] > MAX_ROWS:
-        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {x.shape[0]}")
-
-
-def _k_shares(k: int, tile: GemmTile) -> tuple[int, int]:
-    """(K a share, shares): shares past K would be empty, so there may be fewer than the tile's."""
-    k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
-    return k_per_split, triton.cdiv(k, k_per_split)
-
-
-def _launch(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor,
-    part: torch.Tensor,
-    k_per_split: int,
-    split: int,
-    tile: GemmTile,
-    add: bool,
-    atomic: bool,
-    pdl: bool,
-) -> None:
-    m, k = x.shape
-    n = w.shape[0]
-    _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
-        x,
-        w,
-        out,
-        part,
-        m,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        out.stride(0),
-        k_per_split,
-        ADD=add,
-        SPLIT=split,
-        ATOMIC=atomic,
-        BLOCK_M=max(16, triton.next_power_of_2(m)),
-        BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k,
-        PDL=pdl_active(pdl),
-        PRECISION=dot_precision(w.dtype),
-        DOT_DTYPE=dot_dtype(w.dtype),
-        num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
-        **pdl_launch(pdl),
-    )
-
-
-def _out_dtypes(w_dtype: torch.dtype, add: bool) -> tuple[torch.dtype, ...]:
-    return (w_dtype, torch.float32) if add else (w_dtype,)
-
-
 def skinny_gemm_ref(
     x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, add: bool = False
 ) -> torch.Tensor:
-    """The product in fp32 (x read in w's dtype), plus `out` with `add`, rounded once to out's dtype (else
-    w's)."""
-    acc = x.to(w.dtype).float() @ w.float().t()
+    """The product in fp32, plus `out` with `add`, rounded once to x's dtype."""
+    acc = x.float() @ w.float().t()
     if add:
         assert out is not None
-        return (acc + out.float()).to(out.dtype)
-    return acc.to(w.dtype)
+        acc = acc + out.float()
+    return acc.to(x.dtype)
