@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
+from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms, scale_by_inv_rms_ref
 
 
@@ -79,9 +79,8 @@ def silu_and_mul(
         BLOCK=block,
         DEFERRED_NORM=rms_of is not None,
         R_CHUNK=row_chunk(r.shape[1]),
-        PDL=pdl_active(pdl),
+        **pdl_kwargs(pdl),
         num_warps=num_warps,
-        **pdl_launch(pdl),
     )
     return out
 

@@ -44,7 +44,7 @@ from roseinfer.kernels.decode_new_token import (
 )
 from roseinfer.kernels.decode_split_merge import finish_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits
-from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
+from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
 
@@ -327,9 +327,9 @@ def paged_decode_attention(
         SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         HAS_ORDER=order is not None,
         PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(q.dtype),
-        PDL=pdl_active(pdl),
+        **pdl_kwargs(pdl),
         num_warps=num_warps, num_stages=num_stages,
-        **launch.launch_options(d_pad, q.dtype, norm is not None), **pdl_launch(pdl),
+        **launch.launch_options(d_pad, q.dtype, norm is not None),
     )  # fmt: skip
     return out
 

@@ -36,9 +36,11 @@ def pdl_active(pdl: bool) -> bool:
     return pdl and not is_interpret()
 
 
-def pdl_launch(pdl: bool) -> dict[str, bool]:
-    """The Triton launch options of a kernel launched with (or without) PDL."""
-    return {"launch_pdl": True} if pdl_active(pdl) else {}
+def pdl_kwargs(pdl: bool) -> dict[str, bool]:
+    """A PDL-capable kernel's launch arguments: its `PDL` constexpr (for `wait_for_producer`) and Triton's
+    launch option, from one flag, so that the two cannot disagree."""
+    active = pdl_active(pdl)
+    return {"PDL": True, "launch_pdl": True} if active else {"PDL": False}
 
 
 def pdl_supported(device: torch.device) -> bool:

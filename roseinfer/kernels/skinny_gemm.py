@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import dot_dtype, dot_precision, num_sms
-from roseinfer.kernels.pdl import pdl_active, pdl_launch, wait_for_producer
+from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
 MAX_ROWS = 64
 MAX_SPLIT = 8
@@ -185,12 +185,11 @@ def skinny_gemm(
         BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
-        PDL=pdl_active(pdl),
+        **pdl_kwargs(pdl),
         PRECISION=dot_precision(x.dtype),
         DOT_DTYPE=dot_dtype(x.dtype),
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
-        **pdl_launch(pdl),
     )
     if split > 1:
         _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
@@ -202,9 +201,8 @@ def skinny_gemm(
             ADD=add,
             SPLIT=split,
             BLOCK=REDUCE_BLOCK,
-            PDL=pdl_active(pdl),
+            **pdl_kwargs(pdl),
             num_warps=4,
-            **pdl_launch(pdl),
         )
     return out
 
