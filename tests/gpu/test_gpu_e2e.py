@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from roseinfer.bench.roofline import decode_step
 from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.models import llama
 from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
@@ -252,3 +254,35 @@ def test_decode_graphs_sample_each_row_on_gpu(model_dir):
     free_gpu()
     eager = fp32_triton_engine(directory, True, num_kv_blocks=256, max_num_seqs=16)
     assert [o.outputs[0].token_ids for o in eager.generate(prompts, seeded, use_tqdm=False)] == graphed
+
+
+def test_decode_steps_repeat_bit_for_bit_on_gpu():
+    """One decode step, replayed again and again, gives the same logits bit for bit: nothing on the decode
+    path (the PDL chain's split-K GEMMs and their reduces, decode attention's split merge) adds in an order
+    that changes from run to run. qwen2.5-0.5b's shape in bf16, so that the chain's o and down GEMMs split K
+    and attention splits its keys; a random cache, so that every split has something to add."""
+    context = 1024
+    llm = LLM(
+        "qwen2.5-0.5b",
+        load_format="dummy",
+        dtype="bfloat16",
+        block_size=16,
+        num_kv_blocks=64 * (context // 16 + 1) + 16,
+        max_num_seqs=64,
+        max_model_len=context + 16,
+        mixed_graph_max_tokens=0,
+        enable_prefix_caching=False,
+    )
+    runner = llm.engine.core.runner
+    assert runner.model.pdl_decode == pdl_supported(torch.device("cuda"))
+    torch.manual_seed(0)
+    runner.kv_cache.normal_()
+    for batch in (16, 64):
+        step = decode_step(batch, context, 16, runner.cfg.vocab_size, np.random.default_rng(batch))
+        assert runner.graphs.can_run(step)
+        runner.graphs.run(step, None)  # the first run stores the step's own K/V in its slots
+        first = runner.graphs.run(step, None)[0].clone()
+        assert torch.isfinite(first).all()
+        for _ in range(4):
+            assert torch.equal(runner.graphs.run(step, None)[0], first), f"batch {batch}"
+    del llm, runner
