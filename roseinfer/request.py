@@ -19,12 +19,12 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in _FINISHED  # a set lookup: this is asked for every request on every step
+        # Asked for every request on every step: a lookup of the value (a str, its hash cached), since
+        # hashing a member runs Enum.__hash__ in Python.
+        return self._value_ in _FINISHED
 
 
-_FINISHED = frozenset(
-    {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
-)
+_FINISHED = frozenset({"stop", "length", "abort"})
 
 
 _UIDS = itertools.count()
@@ -51,12 +51,14 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # the block table, in token order
+        self.table_row = -1  # its row in the KV cache manager's block-table mirror (`kv/block_tables.py`)
         self.block_hashes: list[bytes] = []  # content keys of the full blocks of all_token_ids so far
         self.num_registered_blocks = 0  # leading blocks already registered in the prefix cache
         self.cache_salt = cache_salt
         self.parent: Request | None = None  # set on the n-1 extra samples forked from an n > 1 request
         self.sample_index = 0
         self.enqueued_step = 0  # scheduler step at which it first entered the waiting queue (its age)
+        self.scheduled_step = -1  # the last scheduler step that gave it work as a running request
         self.num_computed_tokens = (
             0  # tokens whose KV is in the cache, or is being written by a launched step
         )
@@ -111,7 +113,11 @@ class Request:
 
     def reached_length_limit(self, max_model_len: int) -> bool:
         """Counting pending tokens: no further token may be scheduled (the last is still in flight)."""
-        return self.num_output_tokens >= self.params.max_tokens or self.num_tokens >= max_model_len
+        pending = self.num_pending  # asked for every scheduled request on every step: fields, not properties
+        return (
+            len(self.output_token_ids) + pending >= self.params.max_tokens
+            or len(self.all_token_ids) + pending >= max_model_len
+        )
 
     def __repr__(self) -> str:
         return (

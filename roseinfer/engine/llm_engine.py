@@ -237,11 +237,13 @@ class _Group:
         self.root = req
         self.engine = engine
         self.seqs = [_Sequence(req, engine.detokenizer(req))]
+        self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
             self.seqs.append(_Sequence(req, self.engine.detokenizer(req)))
-        self.seqs[req.sample_index].on_token(self.engine)
+        if self.has_text:
+            self.seqs[req.sample_index].on_token(self.engine)
 
     @property
     def finished(self) -> bool:

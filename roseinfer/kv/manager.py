@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from roseinfer.kv.block_pool import BlockPool
+from roseinfer.kv.block_tables import BlockTables
 from roseinfer.kv.prefix_cache import extend_block_hashes, hash_partial_block, root_hash
 from roseinfer.request import Request
 
@@ -29,6 +30,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
+        self.tables = BlockTables()  # every change to a request's block_ids is mirrored here
         self.pending_copies: list[tuple[int, int]] = []
         self._pending_free: list[int] = []  # copy sources: released after the step's copies are issued
         self.fresh: set[int] = set()  # full blocks registered this step, filled by this step's forward
@@ -101,6 +103,7 @@ class KVCacheManager:
         blocks, hit = prefix if prefix is not None else self.usable_prefix(req)
         self.pool.incref(blocks)
         req.block_ids = list(blocks)
+        self.tables.write(req, 0, blocks)
         req.num_computed_tokens = min(hit, req.num_tokens - 1)
         req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
         return hit
@@ -133,13 +136,11 @@ class KVCacheManager:
         bs = self.block_size
         start, end = req.num_computed_tokens, req.num_computed_tokens + num_new_tokens
         table = req.block_ids
-        if (
-            end <= len(table) * bs
-            and start % bs
-            and not self._must_copy(table[start // bs])
-            and end - start <= bs - start % bs
-        ):
-            return True  # the common decode step: one more slot in a private, already allocated block
+        offset, index = start % bs, start // bs
+        if offset and num_new_tokens <= bs - offset and index < len(table):
+            block = table[index]
+            if self.pool.ref_counts[block] == 1 and self.pool.block_hash[block] is None:
+                return True  # the common decode step: one more slot in a private, already allocated block
         first, last = start // bs, min(len(table), cdiv(end, bs))
         cow = [i for i in range(first, last) if self._must_copy(table[i])]
         need = max(0, self.blocks_for(end) - len(table))
@@ -150,8 +151,11 @@ class KVCacheManager:
             self.pending_copies.append((src, dst))
             self._pending_free.append(src)
             table[i] = dst
+            self.tables.set(req, i, dst)
         if need:
-            table.extend(self.pool.allocate(need))
+            new = self.pool.allocate(need)
+            self.tables.write(req, len(table), new)
+            table.extend(new)
         return True
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -164,21 +168,26 @@ class KVCacheManager:
     def begin_step(self) -> None:
         self.fresh.clear()
 
+    # Both registrations are asked for every scheduled request on every step, and most steps complete no
+    # block: they test that before calling on.
     def register_scheduled(self, req: Request, num_new_tokens: int) -> None:
         """Register the full blocks this step completes for `req` (which is scheduled for sure)."""
-        self._register(req, req.num_computed_tokens + num_new_tokens, fresh=True)
+        num_tokens = req.num_computed_tokens + num_new_tokens
+        if self.enable_prefix_caching and num_tokens // self.block_size > req.num_registered_blocks:
+            self._register(req, num_tokens, fresh=True)
 
     def register_computed(self, req: Request) -> None:
         """Register full blocks that were computed (or are being, by a launched step) but could not be
         keyed when scheduled, because their last token was still pending then."""
-        self._register(req, req.num_computed_tokens, fresh=False)
+        if (
+            self.enable_prefix_caching
+            and req.num_computed_tokens // self.block_size > req.num_registered_blocks
+        ):
+            self._register(req, req.num_computed_tokens, fresh=False)
 
     def _register(self, req: Request, num_tokens: int, fresh: bool) -> None:
-        if not self.enable_prefix_caching:
-            return
+        """Register the full blocks of `req`'s first `num_tokens` tokens past those already registered."""
         full = num_tokens // self.block_size
-        if full <= req.num_registered_blocks:
-            return
         hashes = self._hashes(req)  # full blocks of known tokens only
         full = min(full, len(hashes))
         for i in range(req.num_registered_blocks, full):
@@ -200,6 +209,7 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         # Deepest block first: it is the least likely to be shared, so it should be evicted first.
         self.pool.free(list(reversed(req.block_ids)))
+        self.tables.release(req, len(req.block_ids))
         req.block_ids = []
         req.num_registered_blocks = 0
 
@@ -207,6 +217,7 @@ class KVCacheManager:
         """`child` shares every block of `parent` (n > 1 samples of one prompt)."""
         self.pool.incref(parent.block_ids)
         child.block_ids = list(parent.block_ids)
+        self.tables.write(child, 0, child.block_ids)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_registered_blocks = parent.num_registered_blocks
         child.block_hashes = list(parent.block_hashes)
@@ -229,6 +240,7 @@ class KVCacheManager:
     ) -> None:
         """Conservation, ref counts = holders, free queue = unreferenced; `writers` (request, first write
         position) must hold their write blocks alone."""
+        requests = list(requests)
         holders: dict[int, int] = {}
         for req in requests:
             if len(req.block_ids) != len(set(req.block_ids)):
@@ -240,6 +252,7 @@ class KVCacheManager:
         for b in self.pool.pinned:
             holders[b] = holders.get(b, 0) + 1
         self.pool.check_invariants(holders)
+        self.tables.check(requests)
         held = sum(1 for rc in self.pool.ref_counts if rc > 0)
         if held + self.pool.num_free != self.pool.num_blocks:
             raise AssertionError("conservation: held + free != pool size")

@@ -31,6 +31,9 @@ class HostStep:
     fill_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [F]
     # The row of each sampled token's logits (a sequence's last new token, once per sample).
     logits_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
+    # The scheduled request of each sampled token, and whether that is every request once (the usual).
+    sample_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [R]
+    one_sample_each: bool = False
     # The leading decodes' rows in the order the decode kernel serves them, longest first (`decode_order`).
     decode_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # [D]
 
@@ -60,6 +63,7 @@ _NUM_NEW = attrgetter("num_new_tokens")
 _NUM_SAMPLES = attrgetter("num_samples")
 _TOKENS = attrgetter("all_token_ids")
 _BLOCKS = attrgetter("block_ids")
+_TABLE_ROW = attrgetter("table_row")
 _PENDING_ROW = attrgetter("pending_row")
 
 
@@ -70,7 +74,14 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
     reqs = list(map(_REQUEST, sched))
     starts = np.fromiter(map(_START, sched), np.int64, n)
     lens = np.fromiter(map(_NUM_NEW, sched), np.int64, n)
-    tables = block_table_array(list(map(_BLOCKS, reqs)))
+    if out.tables is not None:  # the KV manager's mirror: one gather
+        counts = np.fromiter(map(len, map(_BLOCKS, reqs)), np.int64, n)
+        rows = np.fromiter(map(_TABLE_ROW, reqs), np.int64, n)
+        if n and rows.min() < 0:
+            raise RuntimeError("a scheduled request has no block-table row")
+        tables = out.tables.gather(rows, int(counts.max()) if n else 0)
+    else:
+        tables = block_table_array(list(map(_BLOCKS, reqs)))
     token_lists = list(map(_TOKENS, reqs))
     # A pending token (async scheduling) is the last of its request's new tokens; its id is on the device.
     known = np.fromiter(map(len, token_lists), np.int64, n)
@@ -98,6 +109,7 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
         slots = tables[seq_of_token, positions // block_size].astype(np.int64)
     slots = slots * block_size + positions % block_size
     samples = np.fromiter(map(_NUM_SAMPLES, sched), np.int64, n)
+    one_each = bool((samples == 1).all())
     last = cu[1:] - 1
     seq_lens = starts + lens
     i32 = np.int32
@@ -111,7 +123,9 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
         max_query_len=max_query_len,
         fill_index=last[pending].astype(i32),
         fill_row=np.fromiter(map(_PENDING_ROW, reqs), i32, n)[pending],
-        logits_index=(last if (samples == 1).all() else np.repeat(last, samples)).astype(i32),
+        logits_index=(last if one_each else np.repeat(last, samples)).astype(i32),
+        sample_rows=np.arange(n, dtype=i32) if one_each else np.repeat(np.arange(n, dtype=i32), samples),
+        one_sample_each=one_each,
         decode_order=decode_order(seq_lens[: n if max_query_len == 1 else leading_decodes(lens)]),
     )
 

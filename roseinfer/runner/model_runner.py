@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 import torch
 from torch import nn
@@ -21,15 +23,24 @@ from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_gr
 from roseinfer.runner.sampler import SamplingBatch, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
+_REQUEST = attrgetter("request")
+_UID = attrgetter("uid")
+
 
 class StepFuture:
     """A launched step's sampled tokens, on their way to the host."""
 
     def __init__(
-        self, num_scheduled: int, rows: list[int], tokens: torch.Tensor | None, done: torch.cuda.Event | None
+        self,
+        num_scheduled: int,
+        rows: list[int],
+        tokens: torch.Tensor | None,
+        done: torch.cuda.Event | None,
+        one_each: bool = False,
     ) -> None:
         self.num_scheduled = num_scheduled
         self.rows = rows  # the scheduled request of each sampled token
+        self.one_each = one_each  # rows are 0 .. num_scheduled - 1: each request sampled once
         self.tokens = tokens  # host tensor, valid once `done` has passed
         self.done = done
 
@@ -42,6 +53,8 @@ class StepFuture:
             if self.done is not None:
                 self.done.synchronize()
             tokens = self.tokens.tolist()
+        if self.one_each:
+            return [[tok] for tok in tokens]
         for i, tok in zip(self.rows, tokens):
             out[i].append(tok)
         return out
@@ -240,8 +253,9 @@ class ModelRunner:
                     tiles = self.tile_planner.eager_map(step.query_start_loc, step.seq_lens)
                     self.step_paths["key_split"] += tiles is not None
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled, tiles)
-            rows = [i for i, s in enumerate(out.scheduled) for _ in range(s.num_samples)]
-            reqs = [out.scheduled[i].request for i in rows]
+            rows = step.sample_rows.tolist()
+            sched = out.scheduled
+            reqs = list(map(_REQUEST, sched)) if step.one_sample_each else [sched[i].request for i in rows]
             batch = self._sampling_batch(rows, reqs) if rows else None
         graph_tokens = None
         with record("forward"):
@@ -269,28 +283,32 @@ class ModelRunner:
         if batch is None:
             return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):
-            previous = -1
-            for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
-                if i != previous:
+            if step.one_sample_each:
+                for k, r in enumerate(reqs):
                     r.pending_row = k
-                    previous = i
+            else:
+                previous = -1
+                for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
+                    if i != previous:
+                        r.pending_row = k
+                        previous = i
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
                 tokens = sample(logits, batch).to(torch.int32)
             self.last_sampled = tokens
             if self.device.type != "cuda":
-                return StepFuture(len(out.scheduled), rows, tokens.clone(), None)
+                return StepFuture(len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each)
             host = torch.empty(tokens.shape, dtype=torch.int32, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        return StepFuture(len(out.scheduled), rows, host, done)
+        return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each)
 
     def _sampling_batch(self, rows: list[int], reqs: list[Request]) -> SamplingBatch:
         """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same
         requests in the same order for many steps. Keyed by internal uids, which are never reused."""
-        key = tuple(r.uid for r in reqs)
+        key = tuple(map(_UID, reqs))
         if key == self._sampling_key and self._sampling_cache is not None:
             return self._sampling_cache
         seen: dict[int, int] = {}

@@ -15,12 +15,13 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from roseinfer.config import SchedulerConfig
+from roseinfer.kv.block_tables import BlockTables
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
 from roseinfer.scheduler.policy import AdmissionPolicy
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step: slots make it cheaper to build and read
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens fed this step, starting at `start`
@@ -38,6 +39,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst): one batched copy
     num_prompt_tokens: int = 0  # tokens of prompts (not of generated text) computed this step
+    # The KV cache manager's mirror of the block tables, as of this schedule() (None: read block_ids).
+    tables: BlockTables | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -111,30 +114,37 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        scheduled: set[int] = set()
+        step = self.num_steps
         self.kv.begin_step()
 
-        # Running requests first, decodes before unfinished prefills (decode-first).
-        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
-        for req in order:
+        # Running requests first, decodes before unfinished prefills (decode-first). This loop runs for
+        # every request on every step, so it reads fields rather than properties.
+        decodes, prefills = [], []
+        for r in self.running:
+            todo = len(r.all_token_ids) + r.num_pending - r.num_computed_tokens
+            (prefills if todo > 1 else decodes).append(r)
+        running = RequestStatus.RUNNING
+        allocate, register = self.kv.allocate_slots, self.kv.register_scheduled
+        scheduled = out.scheduled
+        for req in decodes + prefills if prefills else decodes:
             if budget == 0:
                 break
-            if req.status != RequestStatus.RUNNING:
+            if req.status is not running:
                 continue  # preempted earlier in this loop
             if req.num_pending and req.reached_length_limit(self.max_model_len):
                 continue  # its last token is in flight: the update finishes it
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(req, num_new):
-                victim = self._pick_victim(scheduled)
+            num_new = min(len(req.all_token_ids) + req.num_pending - req.num_computed_tokens, budget)
+            while not allocate(req, num_new):
+                victim = self._pick_victim(step)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
-            if req.status != RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
-            scheduled.add(id(req))
-            out.scheduled.append(self._scheduled(req, num_new))
-            self.kv.register_scheduled(req, num_new)
+            req.scheduled_step = step
+            scheduled.append(self._scheduled(req, num_new))
+            register(req, num_new)
             budget -= num_new
 
         # After a preemption nobody new joins, except when nothing is left to run: then the preempted
@@ -142,22 +152,27 @@ class Scheduler:
         if not out.preempted or not out.scheduled:
             self._admit(out, budget)
         out.blocks_to_copy = self.kv.take_copies()
+        out.tables = self.kv.tables
         self._commit(out)
         self.num_steps += 1
         return out
 
     @staticmethod
     def _commit(out: SchedulerOutput) -> None:
+        prompt_tokens = 0
         for s in out.scheduled:
             req = s.request
-            s.start = req.num_computed_tokens
-            out.num_prompt_tokens += max(0, min(req.num_prompt_tokens, s.start + s.num_new_tokens) - s.start)
-            req.num_computed_tokens += s.num_new_tokens
+            s.start = start = req.num_computed_tokens
+            end = start + s.num_new_tokens
+            if start < len(req.prompt_token_ids):
+                prompt_tokens += min(len(req.prompt_token_ids), end) - start
+            req.num_computed_tokens = end
             if s.num_samples:
                 req.num_pending += 1  # n > 1: the forks get theirs in the update
+        out.num_prompt_tokens = prompt_tokens
 
-    def _pick_victim(self, scheduled: set[int]) -> Request:
-        candidates = [r for r in self.running if id(r) not in scheduled]
+    def _pick_victim(self, step: int) -> Request:
+        candidates = [r for r in self.running if r.scheduled_step != step]
         return candidates[-1]  # the newest request not yet given work this step
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
@@ -231,10 +246,11 @@ class Scheduler:
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
-        if req.num_computed_tokens + num_new < req.num_tokens:
+        if req.num_computed_tokens + num_new < len(req.all_token_ids) + req.num_pending:
             return ScheduledRequest(req, num_new, 0)
-        forks = req.params.n if req.parent is None and req.num_output_tokens == 0 else 1
-        return ScheduledRequest(req, num_new, forks)
+        if req.output_token_ids or req.num_pending or req.parent is not None:
+            return ScheduledRequest(req, num_new, 1)
+        return ScheduledRequest(req, num_new, req.params.n)  # the prompt's end: n > 1 forks here
 
     def update_from_output(
         self, out: SchedulerOutput, sampled: list[list[int]]
@@ -244,33 +260,38 @@ class Scheduler:
         Returns (requests that got a token, requests that finished); n > 1 forks appear in the first.
         """
         got, finished = [], []
+        running, max_len = RequestStatus.RUNNING, self.max_model_len
+        register = self.kv.register_computed
         for s, tokens in zip(out.scheduled, sampled, strict=True):
             req = s.request
             if len(tokens) != s.num_samples:
                 raise ValueError(f"{req} sampled {len(tokens)} tokens, {s.num_samples} were scheduled")
             if tokens:
                 req.num_pending -= 1
-            if req.is_finished:
+            if req.status.finished:
                 continue  # finished (or aborted) while this step was in flight: its token is dropped
-            prompt = req.num_prompt_tokens
-            if (
-                s.start < prompt <= s.start + s.num_new_tokens
-                and req.status == RequestStatus.RUNNING
-                and req.num_computed_tokens >= prompt  # not re-admitted after a preemption meanwhile
-            ):
-                self.kv.on_prompt_computed(req)
+            if s.start < len(req.prompt_token_ids):
+                prompt = len(req.prompt_token_ids)
+                if (
+                    prompt <= s.start + s.num_new_tokens
+                    and req.status is running
+                    and req.num_computed_tokens >= prompt  # not re-admitted after a preemption meanwhile
+                ):
+                    self.kv.on_prompt_computed(req)
             if not tokens:
                 continue
-            family = [req] + [self._fork(req, i) for i in range(1, len(tokens))]
+            family = (
+                [req] + [self._fork(req, i) for i in range(1, len(tokens))] if len(tokens) > 1 else (req,)
+            )
             for member, token in zip(family, tokens):
                 got.append(member)
                 member.append_token(token)
-                status = member.check_stop_token(self.max_model_len)
+                status = member.check_stop_token(max_len)
                 if status is not None:
                     self.finish(member, status)
                     finished.append(member)
-            if req.status == RequestStatus.RUNNING:
-                self.kv.register_computed(req)  # blocks whose last token was pending when scheduled
+            if req.status is running:
+                register(req)  # blocks whose last token was pending when scheduled
         return got, finished
 
     def _fork(self, parent: Request, index: int) -> Request:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
+from roseinfer.runner.inputs import block_table_array, build_host_step
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
@@ -41,6 +43,10 @@ def run_random_stream(
             assert len(r.block_ids) * block_size >= s.start + s.num_new_tokens
             assert r.num_pending <= 2
             fed_pending += r.num_pending - (s.num_samples > 0) > 0
+        if out.scheduled:  # the step's block table, gathered from the KV manager's mirror, is the lists'
+            assert out.tables is kv.tables
+            want = block_table_array([s.request.block_ids for s in out.scheduled])
+            np.testing.assert_array_equal(build_host_step(out, block_size).block_tables, want)
 
     for _step in range(400):
         if rng.random() < 0.3 and next_id < 40:
@@ -74,6 +80,7 @@ def run_random_stream(
         if r.status == RequestStatus.FINISHED_STOPPED:
             assert r.output_token_ids.index(7) == len(r.output_token_ids) - 1
     assert kv.num_free_blocks == num_blocks
+    assert kv.tables.rows_in_use == 0 and not kv.tables.array.any()
     if async_ and mode == "continuous":
         assert fed_pending > 0
     if not async_:
