@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import gc
 import json
 import pstats
 import tempfile
@@ -160,12 +161,16 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true", help="host ms per step of each phase")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
+    parser.add_argument("--gc", choices=["on", "freeze", "off"], default="on", help="Python's GC during the run")
     args = parser.parse_args()
     engine = build_engine(args)
     if args.device == "cuda":  # compiles, cuBLAS heuristics and allocator growth stay out of the timing
         run_workload(engine, args.workload, args.max_output_len, seed=1)
     core: EngineCore = engine.core
     core.stats.reset()
+    if args.gc != "on":
+        gc.collect()
+        gc.freeze() if args.gc == "freeze" else gc.disable()
     totals: collections.Counter[str] = collections.Counter()
     profiler = cProfile.Profile() if args.profile else None
     sync(engine.config.device)
