@@ -46,15 +46,15 @@ class StepFuture:
 
     def result(self) -> list[list[int]]:
         """Waits for the step; returns the tokens of each scheduled request (empty where it did not sample)."""
-        out: list[list[int]] = [[] for _ in range(self.num_scheduled)]
         if self.tokens is None:
-            return out
+            return [[] for _ in range(self.num_scheduled)]
         with record("wait_device"):
             if self.done is not None:
                 self.done.synchronize()
             tokens = self.tokens.tolist()
         if self.one_each:
             return [[tok] for tok in tokens]
+        out: list[list[int]] = [[] for _ in range(self.num_scheduled)]
         for i, tok in zip(self.rows, tokens):
             out[i].append(tok)
         return out

@@ -280,9 +280,7 @@ class Scheduler:
                     self.kv.on_prompt_computed(req)
             if not tokens:
                 continue
-            family = (
-                [req] + [self._fork(req, i) for i in range(1, len(tokens))] if len(tokens) > 1 else (req,)
-            )
+            family = [req] + [self._fork(req, i) for i in range(1, len(tokens))]
             for member, token in zip(family, tokens):
                 got.append(member)
                 member.append_token(token)
