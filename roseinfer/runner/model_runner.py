@@ -283,15 +283,11 @@ class ModelRunner:
         if batch is None:
             return StepFuture(len(out.scheduled), rows, None, None)
         with record("sample"):
-            if step.one_sample_each:
-                for k, r in enumerate(reqs):
+            previous = -1
+            for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
+                if i != previous:
                     r.pending_row = k
-            else:
-                previous = -1
-                for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
-                    if i != previous:
-                        r.pending_row = k
-                        previous = i
+                    previous = i
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
