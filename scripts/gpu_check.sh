@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, pdl, pdl-decode, layouts, policy, mixed, ttft, splits (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -112,6 +112,8 @@ for s in "${sections[@]}"; do
       run mlp '^(qwen|llama|  )' python3 scripts/probe_fused_mlp.py --batches 16,64 --stress 20 ;;
     pdl)  # a qwen layer's GEMM chain with PDL, every kernel ours (the probe behind pdl_decode)
       run pdl '^(qwen|  )' python3 scripts/probe_pdl_chain.py --quick --batches 64,16 --one-step-ks 512 ;;
+    megakernel)  # every layer's GEMM chain in one launch, dependencies per tile (a no-go in the twenty-first session)
+      run megakernel '^(qwen|  )' python3 scripts/probe_layer_megakernel.py --batches 64,32,16 --splits 1/1/1/4,1/1/1/8 --pps 3 --stages 3,4 ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)
