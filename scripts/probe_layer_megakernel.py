@@ -63,7 +63,7 @@ STORE, ADD, SILU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 # int64 fields of a task's record
 FIELDS = (
     "a_off a_stride w_off K N k0 k_end S share out_off out_stride res_off kind n wait_idx wait_target done_idx "
-    "ticket_idx"
+    "ticket_idx gemm"
 ).split()
 REC: tl.constexpr = tl.constexpr(len(FIELDS))
 
@@ -73,6 +73,14 @@ def _now():
     return tl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
     )
+
+
+@triton.jit
+def _sleep(ns: tl.constexpr):
+    tl.inline_asm_elementwise(
+        "nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [tl.full((), ns, tl.int32)], dtype=tl.int32, is_pure=False,
+        pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -100,6 +108,7 @@ def _load_record(task_ptr, t, num_tasks):
         tl.load(r + 15, mask=ok, other=0),
         tl.load(r + 16, mask=ok, other=0),
         tl.load(r + 17, mask=ok, other=0),
+        tl.load(r + 18, mask=ok, other=0),
     )
 
 
@@ -107,10 +116,10 @@ def _load_record(task_ptr, t, num_tasks):
 def _run_task(
     act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRELOAD: tl.constexpr, TRACE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRELOAD: tl.constexpr, TRACE: tl.constexpr, BACKOFF: tl.constexpr,
 ):  # fmt: skip
     (a_off, a_stride, w_off, K, N, k0, k_end, S, share, out_off, out_stride, res_off, kind, n, wait_idx,
-     wait_target, done_idx, ticket_idx) = rec  # fmt: skip
+     wait_target, done_idx, ticket_idx, _) = rec  # fmt: skip
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     kk = tl.arange(0, BLOCK_K)
@@ -128,6 +137,8 @@ def _run_task(
     if wait_target > 0:
         seen = tl.atomic_add(ctr_ptr + wait_idx, 0, sem="acquire")
         while seen < wait_target:
+            if BACKOFF > 0:  # fewer polls of one L2 line by the programs that wait on it
+                _sleep(BACKOFF)
             seen = tl.atomic_add(ctr_ptr + wait_idx, 0, sem="acquire")
     if TRACE:
         tl.store(trace_ptr + t * 4 + 1, _now())
@@ -182,10 +193,34 @@ def _run_task(
 
 
 @triton.jit
+def _run_gemm_task(
+    act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec,
+    BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr, PRELOAD: tl.constexpr,
+    TRACE: tl.constexpr, BACKOFF: tl.constexpr,
+):  # fmt: skip
+    """`_run_task` with the task's GEMM's own column tile (a compiled copy per GEMM)."""
+    gemm = rec[18]
+    if gemm == 0:
+        _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_QKV, BLOCK_K, PRECISION,
+                  DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
+    elif gemm == 1:
+        _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_O, BLOCK_K, PRECISION,
+                  DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
+    elif gemm == 2:
+        _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_GU, BLOCK_K, PRECISION,
+                  DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
+    else:
+        _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_D, BLOCK_K, PRECISION,
+                  DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
+
+
+@triton.jit
 def _chain_kernel(
     act_ptr, w_ptr, part_ptr, ctr_ptr, task_ptr, trace_ptr, num_tasks, M,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRELOAD: tl.constexpr, TRACE: tl.constexpr, CLAIM_AHEAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, DOT_DTYPE: tl.constexpr, PRELOAD: tl.constexpr,
+    TRACE: tl.constexpr, BACKOFF: tl.constexpr, CLAIM_AHEAD: tl.constexpr,
 ):  # fmt: skip
     t = tl.atomic_add(ctr_ptr, 1)
     rec = _load_record(task_ptr, t, num_tasks)
@@ -198,11 +233,11 @@ def _chain_kernel(
             # before), so this cannot deadlock either.
             t_next = tl.atomic_add(ctr_ptr, 1)
             rec_next = _load_record(task_ptr, t_next, num_tasks)
-            _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BLOCK_N, BLOCK_K,
-                      PRECISION, DOT_DTYPE, PRELOAD, TRACE)  # fmt: skip
+            _run_gemm_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_QKV, BN_O, BN_GU,
+                           BN_D, BLOCK_K, PRECISION, DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
         else:
-            _run_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BLOCK_N, BLOCK_K,
-                      PRECISION, DOT_DTYPE, PRELOAD, TRACE)  # fmt: skip
+            _run_gemm_task(act_ptr, w_ptr, part_ptr, ctr_ptr, trace_ptr, t, M, rec, BLOCK_M, BN_QKV, BN_O, BN_GU,
+                           BN_D, BLOCK_K, PRECISION, DOT_DTYPE, PRELOAD, TRACE, BACKOFF)  # fmt: skip
             t_next = tl.atomic_add(ctr_ptr, 1)
             rec_next = _load_record(task_ptr, t_next, num_tasks)
         t = t_next
@@ -211,7 +246,7 @@ def _chain_kernel(
 
 @dataclass(frozen=True)
 class Config:
-    block_n: int = 32
+    block_n: tuple[int, int, int, int] = (32, 32, 32, 32)  # column tile of qkv, o, gate_up, down
     block_k: int = 128
     splits: tuple[int, int, int, int] = (2, 2, 1, 8)  # qkv, o, gate_up, down
     programs_per_sm: int = 2
@@ -219,13 +254,16 @@ class Config:
     stages: int = 3
     preload: bool = False
     claim_ahead: bool = False
+    backoff_ns: int = 0
 
     def __str__(self) -> str:
         s = "/".join(map(str, self.splits))
         pre = " pre" if self.preload else ""
-        ahead = " ahead" if self.claim_ahead else ""
+        ahead = (" ahead" if self.claim_ahead else "") + (
+            f" sleep{self.backoff_ns}" if self.backoff_ns else ""
+        )
         return (
-            f"bn{self.block_n} bk{self.block_k} S{s} p{self.programs_per_sm} w{self.warps} st{self.stages}"
+            f"bn{'/'.join(map(str, self.block_n))} bk{self.block_k} S{s} p{self.programs_per_sm} w{self.warps} st{self.stages}"
             f"{pre}{ahead}"
         )
 
@@ -270,7 +308,8 @@ def build_plan(layers: list[Layer], x: torch.Tensor, cfg: Config) -> Plan:
     m, hidden = x.shape
     qkv_out = layers[0].w_qkv.shape[0]
     inter = layers[0].w_d.shape[1]
-    bn = cfg.block_n
+    bns = cfg.block_n
+    bn = bns[GATE_UP]  # gate_up's tile sets its interleave and which down share waits on which tile
     dev = x.device
     # activation arena offsets (elements)
     xa, xb, qkv, s = 0, m * hidden, 2 * m * hidden, 2 * m * hidden + m * qkv_out
@@ -300,7 +339,7 @@ def build_plan(layers: list[Layer], x: torch.Tensor, cfg: Config) -> Plan:
     # gate_up tile t writes s columns [t * bn/2, (t+1) * bn/2): the down share that reads them waits for it
     if ks[3] % (bn // 2):
         raise ValueError(f"down's K share {ks[3]} is not a multiple of half a tile ({bn // 2})")
-    tiles = [triton.cdiv(n, bn) for _, n, _ in mats]
+    tiles = [triton.cdiv(n, b) for (_, n, _), b in zip(mats, bns)]
     gu_group = [(t * (bn // 2)) // ks[3] for t in range(tiles[GATE_UP])]
     group_count = np.bincount(gu_group, minlength=splits[DOWN])
     # counters: [0] queue; per layer: qkv done, o done, down done, gate_up done per down share; tickets
@@ -333,7 +372,7 @@ def build_plan(layers: list[Layer], x: torch.Tensor, cfg: Config) -> Plan:
                 rows.append(
                     [a_off, a_stride, layer * per_layer + w_off, k, n_out, k0, min(k0 + k_share, k), n_splits,
                      share, out_off, out_stride, res_off, kind, n, wait[0], wait[1], done,
-                     ticket_base + g * max_tiles + n]
+                     ticket_base + g * max_tiles + n, g]
                 )  # fmt: skip
     if any(v % 16 for row in rows for v in row[:7] + row[9:12]):
         raise ValueError("offsets, strides and sizes must be multiples of 16")
@@ -354,8 +393,9 @@ def launch(plan: Plan, trace: bool = False) -> None:
     programs = max(1, cfg.programs_per_sm * num_sms(plan.act.device))
     _chain_kernel[(programs,)](
         plan.act, plan.weights, plan.part, plan.ctr, plan.tasks, plan.trace, plan.num_tasks, plan.m,
-        BLOCK_M=max(16, triton.next_power_of_2(plan.m)), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        PRECISION=dot_precision(plan.act.dtype), DOT_DTYPE=dot_dtype(plan.act.dtype), PRELOAD=cfg.preload,
+        BLOCK_M=max(16, triton.next_power_of_2(plan.m)), BN_QKV=cfg.block_n[0], BN_O=cfg.block_n[1],
+        BN_GU=cfg.block_n[2], BN_D=cfg.block_n[3], BLOCK_K=cfg.block_k,
+        PRECISION=dot_precision(plan.act.dtype), DOT_DTYPE=dot_dtype(plan.act.dtype), PRELOAD=cfg.preload, BACKOFF=cfg.backoff_ns,
         TRACE=trace, CLAIM_AHEAD=cfg.claim_ahead, num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
 
@@ -412,10 +452,14 @@ def engine_tiles(shape: str) -> dict[str, Tile]:
 def configs(args: argparse.Namespace) -> list[Config]:
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     splits = [tuple(int(v) for v in group.split("/")) for group in args.splits.split(",")]
+    bns = [
+        tuple(int(v) for v in group.split("/")) * (4 if "/" not in group else 1)
+        for group in args.bns.split(",")
+    ]
     return [
-        Config(bn, bk, sp, pps, warps, stages, bool(pre), bool(ahead))  # type: ignore[arg-type]
-        for bn, bk, sp, pps, warps, stages, pre, ahead in itertools.product(
-            ints(args.bns),
+        Config(bn, bk, sp, pps, warps, stages, bool(pre), bool(ahead), sleep)  # type: ignore[arg-type]
+        for bn, bk, sp, pps, warps, stages, pre, ahead, sleep in itertools.product(
+            bns,
             ints(args.bks),
             splits,
             ints(args.pps),
@@ -423,6 +467,7 @@ def configs(args: argparse.Namespace) -> list[Config]:
             ints(args.stages),
             ints(args.preload),
             ints(args.claim_ahead),
+            ints(args.backoff),
         )
     ]
 
@@ -480,11 +525,12 @@ def cpu_check() -> None:
     SHAPES["tiny"] = (48, 80, 96)
     device = torch.device("cpu")
     for batch, cfg in (
-        (5, Config(32, 32, (2, 3, 1, 3), 2)),
-        (16, Config(16, 16, (1, 2, 2, 6), 1)),
-        (3, Config(32, 16, (3, 1, 1, 1), 3)),
-        (7, Config(32, 16, (2, 2, 1, 2), 2, preload=True)),
-        (9, Config(16, 32, (1, 3, 1, 2), 2, claim_ahead=True)),
+        (5, Config((32,) * 4, 32, (2, 3, 1, 3), 2)),
+        (16, Config((16,) * 4, 16, (1, 2, 2, 6), 1)),
+        (3, Config((32,) * 4, 16, (3, 1, 1, 1), 3)),
+        (7, Config((32,) * 4, 16, (2, 2, 1, 2), 2, preload=True)),
+        (9, Config((16,) * 4, 32, (1, 3, 1, 2), 2, claim_ahead=True)),
+        (6, Config((16, 32, 64, 16), 16, (1, 2, 1, 3), 2)),
     ):
         for dtype in (torch.float32, torch.bfloat16):
             gen = torch.Generator(device=device).manual_seed(batch)
@@ -503,7 +549,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="64,16")
     parser.add_argument("--shape", default="qwen2.5-0.5b")
-    parser.add_argument("--bns", default="32", help="BLOCK_N values, comma-separated (as the options below)")
+    parser.add_argument(
+        "--bns", default="32", help="column tiles: one for all GEMMs or qkv/o/gate_up/down, comma-separated"
+    )
     parser.add_argument("--bks", default="128")
     parser.add_argument("--splits", default="2/2/1/8", help="K shares of qkv/o/gate_up/down, comma-separated")
     parser.add_argument("--pps", default="2", help="programs per SM")
@@ -511,6 +559,7 @@ def main() -> None:
     parser.add_argument("--stages", default="3")
     parser.add_argument("--preload", default="0", help="1: first K step's weights before the wait; 0,1: both")
     parser.add_argument("--claim-ahead", default="0", help="1: take the next task's ticket before this one")
+    parser.add_argument("--backoff", default="0", help="ns to sleep between polls of a dependency (0: none)")
     parser.add_argument("--trace", action="store_true", help="per-phase timeline of one launch (globaltimer)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--check", action="store_true", help="interpreter check on the CPU, then exit")
