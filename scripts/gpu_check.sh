@@ -113,7 +113,7 @@ for s in "${sections[@]}"; do
     pdl)  # a qwen layer's GEMM chain with PDL, every kernel ours (the probe behind pdl_decode)
       run pdl '^(qwen|  )' python3 scripts/probe_pdl_chain.py --quick --batches 64,16 --one-step-ks 512 ;;
     megakernel)  # every layer's GEMM chain in one launch, dependencies per tile (a no-go in the twenty-first session)
-      run megakernel '^(qwen|  )' python3 scripts/probe_layer_megakernel.py --batches 64,32,16 --splits 1/1/1/4,1/1/1/8 --pps 3 --stages 3,4 ;;
+      run megakernel '^(qwen|  )' python3 scripts/probe_layer_megakernel.py --batches 64,32,16 --bns 32,16/32/64/32 --splits 1/1/1/8 --pps 3 --stages 4 ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)

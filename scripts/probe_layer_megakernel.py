@@ -29,9 +29,10 @@ for the megakernel at each config, with each one's 24-layer result against an fp
 launches agree bit for bit. `--trace` adds one launch's timeline per phase (%globaltimer stamps per task).
 
 Result (H100, twenty-first session, PERFORMANCE.md): correct and deterministic, and a dependency is seen
-~0.25 us after it is met, but slower than the engine's PDL chain at every batch (b=64 30.7 against 26.0 us a
-layer, b=16 25.1 against 24.1). qkv -> o -> gate_up are all-to-all dependencies (every tile reads the whole
-row), so those phases still run one after another, and each is no shorter than the tuned launch it replaces.
+~0.25 us after it is met, but slower than the engine's PDL chain at every batch: at best (a tile per GEMM,
+16/32/64/32 columns) b=64 28.9 against 26.0 us a layer, b=16 26.6 against 24.1. qkv -> o -> gate_up are
+all-to-all dependencies (every tile reads the whole row), so those phases still run one after another, and
+gate_up + down stream more slowly in one kernel than as tuned separate launches.
 """
 
 from __future__ import annotations
