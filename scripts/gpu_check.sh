@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits (on request)
+#             gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits, ncu (on request)
 # Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
@@ -114,6 +114,12 @@ for s in "${sections[@]}"; do
       run pdl '^(qwen|  )' python3 scripts/probe_pdl_chain.py --quick --batches 64,16 --one-step-ks 512 ;;
     megakernel)  # every layer's GEMM chain in one launch, dependencies per tile (a no-go in the twenty-first session)
       run megakernel '^(qwen|  )' python3 scripts/probe_layer_megakernel.py --batches 64,32,16 --bns 32,16/32/64/32 --splits 1/1/1/8 --pps 3 --stages 4 ;;
+    ncu)  # Nsight Compute counters of one graphed qwen decode step's first 20 kernels (twenty-second session)
+      run ncu 'PROF. Report|Error' ncu --clock-control none --profile-from-start off --launch-count 20 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        -o "$OUT/step64" -f python3 scripts/ncu_decode_step.py
+      run ncu-table '.' ncu --import "$OUT/step64.ncu-rep" --page raw --csv \
+        --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)

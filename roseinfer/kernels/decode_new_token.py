@@ -72,13 +72,12 @@ def check_new_kv(new_kv: NewTokenKV, batch: int, num_heads: int, num_kv_heads: i
 
 
 @triton.jit
-def neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM: tl.constexpr):
-    """Row b's rotary (partner, cos, signed sin) over lanes d: a neox rotation of whole rows is
+def neox_cos_sin(pos, cos_sin_ptr, d, d_mask, HEAD_DIM: tl.constexpr):
+    """Position `pos`'s rotary (partner, cos, signed sin) over lanes d: a neox rotation of whole rows is
     x * cos + partner * (-sin | +sin), where element d's partner is d + D/2 in the first half and d - D/2 in
     the second (a second, permuted load of the same row)."""
     half = HEAD_DIM // 2
     partner = tl.where(d < half, d + half, d - half)
-    pos = tl.load(pos_ptr + b).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + d % half, mask=d_mask, other=0.0)
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + half + d % half, mask=d_mask, other=0.0)
     return partner, cos, tl.where(d < half, -sin, sin)
@@ -98,16 +97,15 @@ def attend_new_token(
     acc,
     qk_scale,
     inv_rms,
-    b64,
     d,
     d_mask,
     k_new_row,
     v_new_row,
     k_bias_ptr,
     v_bias_ptr,
-    pos_ptr,
+    pos,
     cos_sin_ptr,
-    slot_ptr,
+    slot,
     k_head,
     v_head,
     stride_kb,
@@ -121,16 +119,18 @@ def attend_new_token(
     HAS_BIAS: tl.constexpr,
 ):
     """Sequence b's own token for one kv head (its k and v at `k_new_row` / `v_new_row`, that kv head's cache
-    at `k_head` / `v_head`): finish k and v (deferred norm, rotary), fold the token into the running softmax
-    (m_i, l_i, acc) of q's heads, and store it in its cache slot (unless the slot is < 0). Returns the
-    updated (m_i, l_i, acc)."""
+    at `k_head` / `v_head`): finish k and v (deferred norm, rotary at position `pos`), fold the token into the
+    running softmax (m_i, l_i, acc) of q's heads, and store it in cache slot `slot` (unless it is < 0).
+    Returns the updated (m_i, l_i, acc). `pos` and `slot` are values the kernel loaded early, so that every
+    load here is independent of the others: the token costs the program one round trip after its last tile,
+    not a chain of three."""
     k_tok = tl.load(k_new_row + d, mask=d_mask, other=0.0)
     v_tok = tl.load(v_new_row + d, mask=d_mask, other=0.0)
     if DEFERRED_NORM:
         k_tok = scale_by_inv_rms(k_tok, inv_rms, k_bias_ptr + d, d_mask, HAS_BIAS)
         v_tok = scale_by_inv_rms(v_tok, inv_rms, v_bias_ptr + d, d_mask, HAS_BIAS)
     if ROPE:
-        partner, cos, signed_sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b64, d, d_mask, HEAD_DIM)
+        partner, cos, signed_sin = neox_cos_sin(pos, cos_sin_ptr, d, d_mask, HEAD_DIM)
         k_partner = tl.load(k_new_row + partner, mask=d_mask, other=0.0)
         if DEFERRED_NORM:
             k_partner = scale_by_inv_rms(k_partner, inv_rms, k_bias_ptr + partner, d_mask, HAS_BIAS)
@@ -142,7 +142,6 @@ def attend_new_token(
     l_i = l_i * a_up + p_tok
     p_tok = p_tok.to(v_tok.dtype).to(tl.float32)
     acc = acc * a_up[:, None] + p_tok[:, None] * v_tok.to(tl.float32)[None, :]
-    slot = tl.load(slot_ptr + b64).to(tl.int64)
     if slot >= 0:
         blk = slot // BLOCK_SIZE
         off = slot % BLOCK_SIZE

@@ -31,30 +31,41 @@ def merge_decode_splits(
     sp = tl.arange(0, SPLITS_PAD)
     ms_mask = g_mask[:, None] & (sp < num_splits)[None, :]
     idx = rows[:, None] + sp[None, :]
+    if SPLITS_CHUNK == SPLITS_PAD:
+        # One chunk: its acc loads go out with m and l's, before anything waits on them.
+        acc_all = tl.load(
+            part_acc_ptr + idx[:, :, None] * HEAD_DIM + d[None, None, :],
+            mask=ms_mask[:, :, None] & d_mask[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
     m_all = tl.load(part_m_ptr + idx, mask=ms_mask, other=float("-inf"), cache_modifier=".cg")
     l_all = tl.load(part_l_ptr + idx, mask=ms_mask, other=0.0, cache_modifier=".cg")
     m_max = tl.max(m_all, axis=1)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # every split empty: all weights 0
     w_all = tl.exp2(m_all - m_max[:, None])
     total = tl.sum(w_all * l_all, axis=1)
-    merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
-    c = tl.arange(0, SPLITS_CHUNK)
-    for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
-        c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
-        m_c = tl.load(
-            part_m_ptr + rows[:, None] + c0 + c[None, :],
-            mask=c_mask,
-            other=float("-inf"),
-            cache_modifier=".cg",
-        )
-        w_c = tl.exp2(m_c - m_max[:, None])
-        acc_c = tl.load(
-            part_acc_ptr + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM + d[None, None, :],
-            mask=c_mask[:, :, None] & d_mask[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
+    if SPLITS_CHUNK == SPLITS_PAD:
+        merged = tl.sum(w_all[:, :, None] * acc_all, axis=1)
+    else:
+        merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
+        c = tl.arange(0, SPLITS_CHUNK)
+        for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
+            c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
+            m_c = tl.load(
+                part_m_ptr + rows[:, None] + c0 + c[None, :],
+                mask=c_mask,
+                other=float("-inf"),
+                cache_modifier=".cg",
+            )
+            w_c = tl.exp2(m_c - m_max[:, None])
+            acc_c = tl.load(
+                part_acc_ptr + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM + d[None, None, :],
+                mask=c_mask[:, :, None] & d_mask[None, None, :],
+                other=0.0,
+                cache_modifier=".cg",
+            )
+            merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
     return merged / tl.where(total > 0.0, total, 1.0)[:, None]
 
 

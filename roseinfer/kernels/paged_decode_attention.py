@@ -144,7 +144,16 @@ def _decode_kernel(
     if DEFERRED_NORM:
         inv_rms = row_inv_rms(x_ptr + b64 * stride_xb, hidden, eps, X_CHUNK)
     if ROPE:
-        partner, cos, sin = neox_cos_sin(pos_ptr, cos_sin_ptr, b, d, d_mask, HEAD_DIM)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        partner, cos, sin = neox_cos_sin(pos, cos_sin_ptr, d, d_mask, HEAD_DIM)
+    else:
+        pos = 0
+    # With one split every program holds its sequence's own token: with pos and slot read now, the token's
+    # loads after the last tile are one round trip, and at head_dim 128 the kernel takes 128 registers instead
+    # of 136 (4 programs an SM, not 3). With several, only one program in num_splits has it, and reading them
+    # late measured as fast.
+    if APPEND and not SPLIT:
+        slot = tl.load(slot_ptr + b64).to(tl.int64)
     wait_for_producer(PDL)
 
     q_rows = q_ptr + b64 * stride_qb + heads[:, None] * stride_qh
@@ -173,6 +182,10 @@ def _decode_kernel(
     if APPEND:
         own = seq_len - 1
         if (own >= start) & (own < end):
+            if SPLIT:
+                if ROPE:
+                    pos = tl.load(pos_ptr + b).to(tl.int64)
+                slot = tl.load(slot_ptr + b64).to(tl.int64)
             m_i, l_i, acc = attend_new_token(
                 q,
                 m_i,
@@ -180,16 +193,15 @@ def _decode_kernel(
                 acc,
                 qk_scale,
                 inv_rms,
-                b64,
                 d,
                 d_mask,
                 k_new_ptr + b64 * stride_knb + kvh * stride_knh,
                 v_new_ptr + b64 * stride_vnb + kvh * stride_vnh,
                 bias_ptr + k_bias,
                 bias_ptr + v_bias,
-                pos_ptr,
+                pos,
                 cos_sin_ptr,
-                slot_ptr,
+                slot,
                 k_base,
                 v_base,
                 stride_kb,
