@@ -9,6 +9,20 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_acc_chunk(part_acc_ptr, rows, c0, c, g_mask, d, d_mask, num_splits, HEAD_DIM: tl.constexpr):
+    """Splits c0 + c's acc partials [G, C, D] of the heads whose partials start at `rows`, and their [G, C]
+    mask."""
+    c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
+    acc_c = tl.load(
+        part_acc_ptr + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM + d[None, None, :],
+        mask=c_mask[:, :, None] & d_mask[None, None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    return acc_c, c_mask
+
+
+@triton.jit
 def merge_decode_splits(
     part_m_ptr,
     part_l_ptr,
@@ -29,16 +43,12 @@ def merge_decode_splits(
     # Every split's partials in one round of loads (not a loop of dependent ones): [G, S] and
     # [G, S, D] in chunks of SPLITS_CHUNK splits, weighted by exp2(m - max m).
     sp = tl.arange(0, SPLITS_PAD)
-    ms_mask = g_mask[:, None] & (sp < num_splits)[None, :]
-    idx = rows[:, None] + sp[None, :]
     if SPLITS_CHUNK == SPLITS_PAD:
         # One chunk: its acc loads go out with m and l's, before anything waits on them.
-        acc_all = tl.load(
-            part_acc_ptr + idx[:, :, None] * HEAD_DIM + d[None, None, :],
-            mask=ms_mask[:, :, None] & d_mask[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
+        acc_all, ms_mask = _load_acc_chunk(part_acc_ptr, rows, 0, sp, g_mask, d, d_mask, num_splits, HEAD_DIM)
+    else:
+        ms_mask = g_mask[:, None] & (sp < num_splits)[None, :]
+    idx = rows[:, None] + sp[None, :]
     m_all = tl.load(part_m_ptr + idx, mask=ms_mask, other=float("-inf"), cache_modifier=".cg")
     l_all = tl.load(part_l_ptr + idx, mask=ms_mask, other=0.0, cache_modifier=".cg")
     m_max = tl.max(m_all, axis=1)
@@ -51,21 +61,16 @@ def merge_decode_splits(
         merged = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
         c = tl.arange(0, SPLITS_CHUNK)
         for c0 in tl.static_range(0, SPLITS_PAD, SPLITS_CHUNK):
-            c_mask = g_mask[:, None] & ((c0 + c) < num_splits)[None, :]
+            acc_c, c_mask = _load_acc_chunk(
+                part_acc_ptr, rows, c0, c, g_mask, d, d_mask, num_splits, HEAD_DIM
+            )
             m_c = tl.load(
                 part_m_ptr + rows[:, None] + c0 + c[None, :],
                 mask=c_mask,
                 other=float("-inf"),
                 cache_modifier=".cg",
             )
-            w_c = tl.exp2(m_c - m_max[:, None])
-            acc_c = tl.load(
-                part_acc_ptr + (rows[:, None] + c0 + c[None, :])[:, :, None] * HEAD_DIM + d[None, None, :],
-                mask=c_mask[:, :, None] & d_mask[None, None, :],
-                other=0.0,
-                cache_modifier=".cg",
-            )
-            merged += tl.sum(w_c[:, :, None] * acc_c, axis=1)
+            merged += tl.sum(tl.exp2(m_c - m_max[:, None])[:, :, None] * acc_c, axis=1)
     return merged / tl.where(total > 0.0, total, 1.0)[:, None]
 
 
