@@ -1,6 +1,6 @@
 """Paged decode attention as the decode graphs run it (the step's token appended, rotary in the kernel):
-graph-replay time per tile config (BLOCK_N, warps, stages) and split count, for qwen2.5-0.5b and
-llama-3.1-8b heads at batch 64 and W1/W2-like contexts (GPU only), with the rows served in their order and
+graph-replay time per tile config (BLOCK_N, warps, stages) and split count, for qwen2.5-0.5b, qwen3-0.6b
+and llama-3.1-8b heads at batch 64 and W1/W2-like contexts (GPU only), with the rows served in their order and
 longest first (`decode_order`, the engine's order). `--spread` draws unequal contexts, as W2's batches have.
 
 Each replay runs eight layers of one block-major cache, so K/V come from HBM as in a model, not from the
@@ -23,7 +23,7 @@ from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order
 
 LAYERS = 8
 BATCH = 64
-SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
+SHAPES = {"qwen2.5-0.5b": (14, 2, 64), "qwen3-0.6b": (16, 8, 128), "llama-3.1-8b": (32, 8, 128)}
 CONTEXTS = (576, 1024, 4096)
 SPLITS = (1, 2, 3, 4, 6, 8)
 # The rows' order: as given, or longest first (`decode_order`, as the engine launches them).
@@ -148,9 +148,9 @@ def main() -> None:
     )
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
-    # Triton gives the K/V loads of this loop (indirect: block table, then K/V) a second shared-memory
-    # buffer only from 5 stages on; 1-4 stages all keep one tile in flight, and 6 or 8 add no third.
-    parser.add_argument("--stages", default="1,2,3,5")
+    # The kernel reads a tile's block-table entries a tile ahead: at 2 stages Triton keeps one K/V tile in
+    # flight, from 3 on two (and fewer programs an SM).
+    parser.add_argument("--stages", default="2,3,4")
     args = parser.parse_args()
     globals()["BATCH"] = args.batch  # decode_case and sweep_case read it
     ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.warps, args.stages)]

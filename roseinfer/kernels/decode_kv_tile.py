@@ -1,5 +1,8 @@
-"""One K/V tile of paged decode attention: its load through the block table, and its fold into the running
-softmax of a kv head's query heads (device code shared by the decode kernel's loop and its first tile)."""
+"""One K/V tile of paged decode attention: its block-table entries, its K/V rows, and its fold into the
+running softmax of a kv head's query heads (device code of the decode kernel's loop).
+
+The entries and the rows are two loads so that the kernel can read a tile's entries one tile ahead (the
+first tile's before its PDL wait): a tile's K/V then go out without a block-table round trip before them."""
 
 from __future__ import annotations
 
@@ -8,10 +11,22 @@ import triton.language as tl
 
 
 @triton.jit
-def load_kv_tile(
+def load_tile_blocks(n0, cached_end, bt_row, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The block of each key n0 .. n0 + BLOCK_N - 1 (0 past `cached_end`), or the tile's one block when
+    blocks are at least a tile long (both are powers of two and tiles are BLOCK_N-aligned)."""
+    if BLOCK_SIZE >= BLOCK_N:
+        blks = tl.load(bt_row + n0 // BLOCK_SIZE, mask=n0 < cached_end, other=0)
+    else:
+        n = n0 + tl.arange(0, BLOCK_N)
+        blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n < cached_end, other=0)
+    return blks
+
+
+@triton.jit
+def load_kv_rows(
+    blks,
     n0,
     cached_end,
-    bt_row,
     k_base,
     v_base,
     d,
@@ -23,18 +38,13 @@ def load_kv_tile(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Keys n0 .. n0 + BLOCK_N - 1 (those below `cached_end`) of one kv head: (k, v, n_mask)."""
+    """Keys n0 .. n0 + BLOCK_N - 1 (those below `cached_end`) of one kv head, at the blocks `load_tile_blocks`
+    gave: (k, v, n_mask)."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_mask = n < cached_end
-    if BLOCK_SIZE >= BLOCK_N:
-        # The tile lies inside one block (both are powers of two and tiles are BLOCK_N-aligned).
-        blk = tl.load(bt_row + n0 // BLOCK_SIZE).to(tl.int64)
-        k_rows = blk * stride_kb + (n % BLOCK_SIZE) * stride_ks
-        v_rows = blk * stride_vb + (n % BLOCK_SIZE) * stride_vs
-    else:
-        blks = tl.load(bt_row + n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
-        v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
+    blks = blks.to(tl.int64)
+    k_rows = blks * stride_kb + (n % BLOCK_SIZE) * stride_ks
+    v_rows = blks * stride_vb + (n % BLOCK_SIZE) * stride_vs
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)

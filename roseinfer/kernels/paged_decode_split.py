@@ -80,13 +80,13 @@ def decode_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int]
     if dtype == torch.float32 or head_dim_pad > 128:
         return 32, 4, 2
     # Swept on H100/H200 (bf16, block size 16, CUDA-graph timed): 16 KiB K and V tiles are best; D=128 at
-    # batch 64 x 4k reads K/V at ~97% of the device-to-device copy bandwidth. The K/V loads hang off a
-    # block-table load, and Triton 3.6 gives them one shared-memory buffer (one tile in flight) at 1-4
-    # stages, two from 5 stages on: that doubles a lone program's pace, but with the split counts the
-    # graphs use it did not beat this config (scripts/sweep_decode_config.py, PERFORMANCE.md).
+    # batch 64 x 4k reads K/V at ~97% of the device-to-device copy bandwidth. The kernel reads a tile's
+    # block-table entries a tile ahead, so Triton 3.6 gives the K/V loads one shared-memory buffer at 2
+    # stages and two at 3. Two buffers take 70 KiB, so 3 programs fit on an SM instead of 4, and at batch
+    # 64 that was 8-13% slower (H100, scripts/sweep_decode_config.py, PERFORMANCE.md).
     if head_dim_pad <= 64:
-        return 128, 4, 3
-    return 64, 4, 3
+        return 128, 4, 2
+    return 64, 4, 2
 
 
 def launch_options(head_dim_pad: int, dtype: torch.dtype, deferred_norm: bool) -> dict[str, int]:
