@@ -14,9 +14,9 @@ import argparse
 
 import numpy as np
 import torch
+from ab_pdl_decode import engine
 
 from roseinfer.bench.roofline import decode_step
-from roseinfer.entrypoints.llm import LLM
 
 
 @torch.inference_mode()
@@ -27,16 +27,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--no-pdl-decode", action="store_true")
     args = p.parse_args()
-    llm = LLM(
-        args.model_shape,
-        load_format="dummy",
-        max_num_seqs=args.batch,
-        max_model_len=args.context + 16,
-        enable_prefix_caching=False,
-        # Just the step's blocks: ncu saves and restores device memory around every pass of every kernel.
-        num_kv_blocks=args.batch * (-(-(args.context + 16) // 16)) + 64,
-        pdl_decode=not args.no_pdl_decode,
-    )
+    # ab_pdl_decode's engine holds just the step's blocks: ncu saves and restores device memory around every
+    # pass of every kernel.
+    llm = engine(args.model_shape, not args.no_pdl_decode, args.batch, args.context)
     runner = llm.engine.core.runner
     bs = llm.engine.core.config.cache.block_size
     step = decode_step(args.batch, args.context, bs, runner.cfg.vocab_size, np.random.default_rng(0))
