@@ -126,6 +126,31 @@ def median_time(fn: Callable[[], None], device: torch.device, warmup: int, repea
     return statistics.median(times)
 
 
+def back_to_back_time(
+    fn: Callable[[], None], device: torch.device, warmup: int, repeats: int, rounds: int = 5
+) -> float:
+    """Median over `rounds` of the seconds per call of `fn` called `repeats` times in a row, without waiting
+    for the device between calls: a decode loop's steady state, where the host prepares the next step while
+    the device runs this one. (`median_time` waits for each call, so its figure also holds the device's idle
+    time while the host prepares the call.)"""
+    with torch.cuda.device(device):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(device)
+        times = []
+        for _ in range(rounds):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            fn()  # queued ahead of `start`, so that the device is busy while the host prepares the first timed call
+            start.record()
+            for _ in range(repeats):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / repeats)
+    return statistics.median(times)
+
+
 @torch.inference_mode()
 def measure_copy_bandwidth(
     device: str | torch.device, num_bytes: int = 1 << 30, warmup: int = 3, repeats: int = 20

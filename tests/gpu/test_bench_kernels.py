@@ -34,3 +34,38 @@ def test_kernel_bench_rows():
         assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("ms", "ms_1layer_flushed", "pct_of_copy"))
         assert 5 < row["pct_of_copy"] < 150, row
     assert rows[3]["max_abs_err_vs_sdpa"] < 2e-2
+
+
+def test_steady_timer_is_per_call():
+    from roseinfer.bench.env import back_to_back_time, median_time
+
+    src = torch.empty(1 << 26, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    device = torch.device("cuda", torch.cuda.current_device())
+    alone = median_time(lambda: dst.copy_(src), device, warmup=3, repeats=20)
+    short = back_to_back_time(lambda: dst.copy_(src), device, warmup=3, repeats=5)
+    long = back_to_back_time(lambda: dst.copy_(src), device, warmup=3, repeats=40)
+    # A 128 MB copy is device-bound: per call, the same time however many run in a row.
+    assert 0.7 < short / alone < 1.3, (alone, short)
+    assert 0.7 < long / alone < 1.3, (alone, long)
+
+
+def test_roofline_times_decode_steps_alone_and_steady():
+    import argparse
+
+    from roseinfer.bench.roofline import add_arguments, format_table, run_roofline
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--batches", "1,4", "--contexts", "64", "--prefill-tokens", "64", "--iters", "4",
+         "--gpu-memory-utilization", "0.3"]
+    )  # fmt: skip
+    result = run_roofline(args)
+    decodes = [r for r in result["rows"] if r["kind"] == "decode"]
+    assert [r["batch"] for r in decodes] == [1, 4]
+    for r in decodes:
+        assert r["graph"] and r["ms"] > 0 and r["steady_ms"] > 0, r
+        assert math.isclose(r["steady_x_floor"] * r["floor_ms"], r["steady_ms"], rel_tol=1e-9)
+    table = format_table(result)
+    assert "steady ms" in table and len(table.splitlines()) == 3 + len(result["rows"])
