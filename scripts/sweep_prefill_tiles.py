@@ -1,10 +1,12 @@
-"""Paged prefill attention's q tile height (BLOCK_M) and key tile (BLOCK_N) on the chunks mixed steps carry:
-a short chunk over a long cached prefix gives few q tiles (tiles x heads programs), which may not fill the
-GPU at the default 128-row tile.
+"""Paged prefill attention's tile config on fresh prompts and on the chunks mixed steps carry: the q tile
+height (BLOCK_M), the key tile (BLOCK_N), and optionally warps and pipeline stages. A short chunk over a long
+cached prefix gives few q tiles (tiles x heads programs), which may not fill the GPU at the default 128-row
+tile.
 
-Times one launch (triton's do_bench, median) per (shape, case, tile) and prints us and TFLOP/s.
+Times one launch (triton's do_bench, median) per (shape, case, tile) and prints us and TFLOP/s. A tile is
+MxN (warps and stages from `prefill_config`) or MxNxWxS.
 
-    python scripts/sweep_prefill_tiles.py [--tiles 128x32,64x32,64x64,32x64]
+    python scripts/sweep_prefill_tiles.py [--tiles 128x32,64x32,64x64,32x64,128x128x8x2] [--shapes llama-3.1-8b]
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import functools
 import torch
 import triton
 
+import roseinfer.kernels.paged_prefill_attention as prefill
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 
-HEADS = {"llama-3.1-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
+HEADS = {"llama-3.1-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 # (chunk tokens, cached prefix tokens) per sequence of the step
 CASES = {
+    "4 x 2048 fresh": [(2048, 0)] * 4,
+    "16 x 512 fresh": [(512, 0)] * 16,
     "1 x 190 over 750": [(190, 750)],
     "1 x 100 over 900": [(100, 900)],
     "2 x 96 over 1000": [(96, 1000), (96, 1000)],
@@ -48,24 +53,43 @@ def build(case: list[tuple[int, int]], heads: tuple[int, int, int], block_size: 
     return q, k, v, tables, qsl, sl, max(c for c, _ in case), flops
 
 
+def with_warps_stages(launch, warps: int, stages: int):
+    """`launch` with `prefill_config`'s warps and stages replaced (its tile comes from the call)."""
+    shipped = prefill.prefill_config
+
+    def run() -> None:
+        prefill.prefill_config = lambda d, dtype: (*shipped(d, dtype)[:2], warps, stages)
+        try:
+            launch()
+        finally:
+            prefill.prefill_config = shipped
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiles", default="128x32,64x32,64x64,32x64")
+    parser.add_argument("--shapes", default=",".join(HEADS))
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     args = parser.parse_args()
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
-    print(f"{'shape':14s}{'case':20s}" + "".join(f"{f'{m}x{n} us':>14s}" for m, n in tiles))
-    for shape, heads in HEADS.items():
-        for name, case in CASES.items():
-            q, k, v, tables, qsl, sl, longest, flops = build(case, heads)
+    print(f"{'shape':14s}{'case':20s}" + "".join(f"{'x'.join(map(str, t)) + ' us':>16s}" for t in tiles))
+    for shape in args.shapes.split(","):
+        heads = HEADS[shape]
+        for name in args.cases.split(","):
+            q, k, v, tables, qsl, sl, longest, flops = build(CASES[name], heads)
             launch = functools.partial(
                 paged_prefill_attention, q, k, v, tables, qsl, sl, longest, heads[2] ** -0.5
             )
             cells = []
-            for m, n in tiles:
+            for m, n, *warps_stages in tiles:
                 fn = functools.partial(launch, block_m=m, block_n=n)
+                if warps_stages:
+                    fn = with_warps_stages(fn, *warps_stages)
                 us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
                 cells.append(f"{us:7.1f} ({flops / us / 1e6:4.0f})")
-            print(f"{shape:14s}{name:20s}" + "".join(f"{c:>14s}" for c in cells))
+            print(f"{shape:14s}{name:20s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
     print("us per launch (TFLOP/s); do_bench zeroes L2 before each launch")
 
 
