@@ -275,3 +275,22 @@ def test_roofline_table_prints_both_decode_timings():
     assert lines[4].split()[5:8] == ["2.33", "-", "-"]
     assert lines[5].split()[:7] == ["prefill", "512", "2.000", "1.000", "2.00", "-", "-"]
     assert lines[6].split()[3:8] == ["-"] * 5
+
+
+def test_kernel_bench_says_which_targets_are_met():
+    from roseinfer.bench.kernels import target_lines
+
+    rows = [
+        {"kernel": "d2d_copy", "model": "-", "ms": 0.7},
+        {"kernel": "paged_decode", "model": "qwen2.5-0.5b", "pct_of_copy": 83.4},
+        {"kernel": "paged_decode", "model": "llama-3.1-8b", "pct_of_copy": 79.9},
+        {"kernel": "paged_prefill", "model": "llama-3.1-8b", "vs_sdpa": 0.722},  # 1.385x SDPA's time
+        {"kernel": "sdpa_flash", "model": "llama-3.1-8b", "vs_sdpa": 1.0},
+    ]
+    lines = target_lines(rows)
+    assert len(lines) == 3
+    assert "qwen2.5-0.5b reads KV at 83.4%" in lines[0] and lines[0].endswith(": met")
+    assert "llama-3.1-8b reads KV at 79.9%" in lines[1] and lines[1].endswith(": MISSED")
+    assert "1.39x SDPA flash's time" in lines[2] and lines[2].endswith(": MISSED")
+    rows[3]["vs_sdpa"] = 1.023
+    assert target_lines(rows)[2].endswith("0.98x SDPA flash's time (<= 1.25x): met")

@@ -228,6 +228,33 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
 
 
+# The issue's kernel targets: decode attention reads KV at >= 80% of copy bandwidth (b=64, ctx 4k); prefill
+# attention takes at most 1.25x SDPA flash's time.
+DECODE_MIN_PCT_OF_COPY = 80.0
+PREFILL_MAX_X_SDPA = 1.25
+
+
+def target_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row that a kernel target applies to: the figure, the target and whether it is met."""
+    lines = []
+    for row in rows:
+        if row["kernel"] == "paged_decode":
+            pct = row["pct_of_copy"]
+            verdict = "met" if pct >= DECODE_MIN_PCT_OF_COPY else "MISSED"
+            lines.append(
+                f"target: decode attention {row['model']} reads KV at {pct:.1f}% of copy bandwidth"
+                f" (>= {DECODE_MIN_PCT_OF_COPY:.0f}%): {verdict}"
+            )
+        elif row["kernel"] == "paged_prefill":
+            x_sdpa = 1 / row["vs_sdpa"]
+            verdict = "met" if x_sdpa <= PREFILL_MAX_X_SDPA else "MISSED"
+            lines.append(
+                f"target: prefill attention takes {x_sdpa:.2f}x SDPA flash's time"
+                f" (<= {PREFILL_MAX_X_SDPA}x): {verdict}"
+            )
+    return lines
+
+
 def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]]:
     """Time decode and prefill attention on the current CUDA device; returns one dict per row."""
     if not torch.cuda.is_available():
@@ -251,6 +278,7 @@ def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]
     if verbose:
         print(f"device: {torch.cuda.get_device_name(device)}")
         print_rows(rows)
+        print("\n".join(target_lines(rows)))
     return rows
 
 

@@ -20,7 +20,8 @@ def prefill_config(head_dim_pad: int, dtype: torch.dtype) -> tuple[int, int, int
         return 64, 32, 4, 2
     # Swept on an H100 (bf16, block size 16, scripts/sweep_prefill_tiles.py): at D=64, 233 TFLOP/s on 4 x 2k
     # fresh prompts. At D=128, 64 x 64 with 4 warps: 293 TFLOP/s on 4 x 2k (128 x 128 with 8 warps: 305) and
-    # 191 on 16 x 512 (175). The 128 x 32 tile with 8 warps, once the fastest, read 205 and 129 on Triton 3.6.
+    # 191 on 16 x 512 (175). The 128 x 32 tile with 8 warps, the fastest in the ninth session, read 205 and 129
+    # in the twenty-fourth.
     if head_dim_pad <= 128:
         return 64, 64, 4, 2
     return 64, 32, 8, 2
