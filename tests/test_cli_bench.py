@@ -264,17 +264,19 @@ def test_roofline_table_prints_both_decode_timings():
     decode = {"kind": "decode", "batch": 64, "context": 1024, "graph": True, "ms": 1.4, "floor_ms": 0.6,
               "x_floor": 1.4 / 0.6, "achieved_TBps": 1.3, "steady_ms": 1.2, "steady_x_floor": 2.0}  # fmt: skip
     old = {k: v for k, v in decode.items() if not k.startswith("steady")}  # a report from before `steady`
-    prefill = {"kind": "prefill", "tokens": 512, "ms": 2.0, "floor_ms": 1.0, "x_floor": 2.0,
+    prefill = {"kind": "prefill", "tokens": 512, "graph": True, "ms": 2.0, "floor_ms": 1.0, "x_floor": 2.0,
                "achieved_TFLOPs": 400.0, "pct_matmul_rate": 50.0}  # fmt: skip
     skipped = {"kind": "decode", "batch": 256, "context": 4096, "skipped": "KV does not fit"}
+    old_prefill = {k: v for k, v in prefill.items() if k != "graph"}
     result = {"header": header, "bandwidth_TBps": 3.0, "matmul_TFLOPs": 790.0,
-              "rows": [decode, old, prefill, skipped]}  # fmt: skip
+              "rows": [decode, old, prefill, skipped, old_prefill]}  # fmt: skip
     lines = format_table(result).splitlines()
     assert lines[2].split() == "step ms floor ms x floor steady ms x floor note".split()
     assert lines[3].split()[:8] == ["decode", "b=64", "ctx=1024", "1.400", "0.600", "2.33", "1.200", "2.00"]
     assert lines[4].split()[5:8] == ["2.33", "-", "-"]
     assert lines[5].split()[:7] == ["prefill", "512", "2.000", "1.000", "2.00", "-", "-"]
     assert lines[6].split()[3:8] == ["-"] * 5
+    assert lines[5].endswith("50% of matmul rate graph") and lines[7].endswith("50% of matmul rate")
 
 
 def test_kernel_bench_says_which_targets_are_met():

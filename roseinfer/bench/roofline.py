@@ -6,12 +6,15 @@ bf16 matmul rate. Both ceilings are measured in the same run.
 
 A decode step is timed two ways: alone (synchronized, so the device idles while the host stages the step's
 inputs, inside the timing) and steady (steps called back to back, as the engine's decode loop calls them).
+A prefill runs as the engine would run it: replayed as a mixed-step CUDA graph where one holds its tokens,
+else eagerly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -122,6 +125,7 @@ def prefill_step(n: int, block_size: int, vocab: int, rng: np.random.Generator) 
         slot_mapping=np.arange(n, dtype=np.int32),
         query_start_loc=np.array([0, n], np.int32),
         seq_lens=np.array([n], np.int32),
+        logits_index=np.array([n - 1], np.int32),
         block_tables=np.arange(blocks, dtype=np.int32)[None],
         max_query_len=n,
     )
@@ -167,6 +171,14 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
             hidden[-step.num_seqs :] if step.max_query_len == 1 else hidden[-1:]
         )
 
+    def prefill_call(step: HostStep) -> tuple[Callable[[], torch.Tensor], bool]:
+        """The prefill as the engine runs it: a mixed-step CUDA graph where one holds it, else eagerly."""
+        mixed = runner.mixed_graphs
+        plan = mixed.plan(step) if mixed is not None else None
+        if mixed is None or plan is None:
+            return partial(eager_logits, step), False
+        return lambda: runner.model.compute_logits(mixed.run(step, plan, None)), True
+
     for context in contexts:
         for batch in batches:
             step = decode_step(batch, context, args.block_size, cfg.vocab_size, rng)
@@ -207,13 +219,15 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"kind": "prefill", "tokens": n, "skipped": "KV does not fit"})
             continue
         step = prefill_step(n, args.block_size, cfg.vocab_size, rng)
-        seconds = _time(lambda step=step: eager_logits(step), max(5, args.iters // 5))
+        run_prefill, graphed = prefill_call(step)
+        seconds = _time(run_prefill, max(5, args.iters // 5))
         flops = prefill_flops(cfg, n)
         floor = flops / (tflops * 1e12)
         rows.append(
             {
                 "kind": "prefill",
                 "tokens": n,
+                "graph": graphed,
                 "ms": seconds * 1e3,
                 "floor_ms": floor * 1e3,
                 "x_floor": seconds / floor,
@@ -260,6 +274,7 @@ def format_table(result: dict[str, Any]) -> str:
             (f"{r['achieved_TBps']:.2f} TB/s" + (" graph" if r["graph"] else " eager"))
             if r["kind"] == "decode"
             else f"{r['achieved_TFLOPs']:.0f} TFLOP/s = {r['pct_matmul_rate']:.0f}% of matmul rate"
+            + {True: " graph", False: " eager", None: ""}[r.get("graph")]
         )
         steady = (
             f"{r['steady_ms']:>11.3f}{r['steady_x_floor']:>9.2f}"

@@ -67,5 +67,9 @@ def test_roofline_times_decode_steps_alone_and_steady():
     for r in decodes:
         assert r["graph"] and r["ms"] > 0 and r["steady_ms"] > 0, r
         assert math.isclose(r["steady_x_floor"] * r["floor_ms"], r["steady_ms"], rel_tol=1e-9)
+    prefills = [r for r in result["rows"] if r["kind"] == "prefill"]
+    assert len(prefills) == 1 and prefills[0]["graph"], (
+        "a 64-token prefill fits the engine's mixed-step graphs"
+    )
     table = format_table(result)
     assert "steady ms" in table and len(table.splitlines()) == 3 + len(result["rows"])
