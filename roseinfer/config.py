@@ -176,6 +176,8 @@ class CacheConfig:
 
 
 SCHEDULER_MODES = ("continuous", "static", "naive")
+# Attention launches put a step's sequences on a grid axis that CUDA caps at 65,535 programs.
+MAX_NUM_SEQS = 65_535
 
 
 @dataclass(frozen=True)
@@ -189,8 +191,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.mode not in SCHEDULER_MODES:
             raise ValueError(f"scheduler mode must be one of {SCHEDULER_MODES}, got {self.mode!r}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise ValueError(f"max_num_seqs must be in [1, {MAX_NUM_SEQS}], got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
 

@@ -108,22 +108,29 @@ def _require_cuda(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _event_seconds(fn: Callable[[], None], calls: int) -> float:
+    """Device seconds from before the first of `calls` calls of `fn` to after the last, waiting for the end."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _warm_up(fn: Callable[[], None], device: torch.device, warmup: int) -> None:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+
+
 def median_time(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int) -> float:
     """Median seconds of `fn` over `repeats` runs, each timed with CUDA events."""
     with torch.cuda.device(device):
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize(device)
-        times = []
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+        _warm_up(fn, device, warmup)
+        return statistics.median(_event_seconds(fn, 1) for _ in range(repeats))
 
 
 def back_to_back_time(
@@ -134,20 +141,11 @@ def back_to_back_time(
     the device runs this one. (`median_time` waits for each call, so its figure also holds the device's idle
     time while the host prepares the call.)"""
     with torch.cuda.device(device):
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize(device)
+        _warm_up(fn, device, warmup)
         times = []
         for _ in range(rounds):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            fn()  # queued ahead of `start`, so that the device is busy while the host prepares the first timed call
-            start.record()
-            for _ in range(repeats):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / repeats)
+            fn()  # queued ahead of the start event: the device is busy while the host prepares the first timed call
+            times.append(_event_seconds(fn, repeats) / repeats)
     return statistics.median(times)
 
 

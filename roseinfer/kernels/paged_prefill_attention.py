@@ -77,9 +77,11 @@ def _prefill_kernel(
     if TILE_MAP:
         # Program t takes the tile the host listed at t (a CUDA graph's fixed grid); -1 marks spare programs,
         # which leave at once. Heads vary fastest: blocks start in grid order, so every listed tile starts
-        # before the spare programs at the end of the map take a slot.
-        head = tl.program_id(0)
-        entry = tl.program_id(1)
+        # before the spare programs at the end of the map take a slot. One grid axis, which has room for any
+        # map (a second axis stops at 65,535).
+        pid = tl.program_id(0)
+        head = pid % num_q_heads
+        entry = pid // num_q_heads
         b = tl.load(tile_ptr + entry)
         if b < 0:
             return
@@ -292,7 +294,7 @@ def paged_prefill_attention(
             raise ValueError(f"tiles must be a [{TILE_ROWS}, N] int32 tensor with contiguous rows")
         if num_tokens == 0 or tiles.shape[1] == 0:
             return out
-        grid: tuple[int, ...] = (num_q_heads, tiles.shape[1], 1)
+        grid: tuple[int, ...] = (num_q_heads * tiles.shape[1],)
         tile_stride = tiles.stride(0)
         if split_rows > 0:
             part_m = torch.empty((split_rows, num_q_heads), dtype=torch.float32, device=q.device)

@@ -102,3 +102,19 @@ def assert_engine_clean_and_serving(llm) -> None:
     assert core.kv.num_free_blocks == core.kv.num_blocks
     out = llm.generate(["still serving"], good(), use_tqdm=False)[0]
     assert out.finished and len(out.outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs must be in"),
+        ({"max_num_seqs": 65_536}, r"max_num_seqs must be in \[1, 65535\]"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1"),
+    ],
+)
+def test_scheduler_limits_are_checked_up_front(kwargs, message):
+    from roseinfer.config import SchedulerConfig
+
+    assert SchedulerConfig(max_num_seqs=65_535).max_num_seqs == 65_535  # the largest grid axis still fits
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(**kwargs)

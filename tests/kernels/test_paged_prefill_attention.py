@@ -348,3 +348,12 @@ def test_prefill_tile_map_gpu(
         split=split,
     )  # fmt: skip
     assert not key_split or (tiles[3] > 1).any(), "no tile's keys were cut"
+
+
+@pytest.mark.gpu
+def test_prefill_tile_map_longer_than_a_grid_axis_gpu():
+    """A map of more than 65,535 entries (CUDA's cap on a second grid axis) launches and computes every tile."""
+    tiles = _run_tile_map(
+        [1, 1, 70, 3, 129], [10, 20, 0, 500, 33], 14, 2, 64, torch.bfloat16, 16, 2, spare=70_000, pad_rows=3
+    )
+    assert tiles.shape[1] > 65_535
