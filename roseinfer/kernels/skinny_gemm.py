@@ -41,15 +41,16 @@ class GemmTile:
 
 
 def skinny_tile(n: int, k: int, sms: int) -> GemmTile:
-    """The tile for an [n, k] weight. Swept on an H100 for qwen2.5-0.5b at 8-64 rows, the same best tile at
-    every row count: qkv (1152 x 896) 16 columns, one share; gate_up (9728 x 896) 32 columns, one share;
-    o (896 x 896) 32 columns, 4 shares; down (896 x 4864) 32 columns, 8 shares. So: an output wider than K takes no
-    split (its reduce launch costs more than it saves); any other cuts K into shares of ~256."""
+    """The tile for an [n, k] weight. Swept on an H100 for qwen2.5-0.5b at 64 rows (`scripts/sweep_skinny_tiles.py`):
+    qkv (1152 x 896) 16 columns, one share, 4 stages; gate_up (9728 x 896) 32 columns, one share, 3 stages (12%
+    slower at 4); o (896 x 896) 32 columns, one share, 4 stages; down (896 x 4864) 32 columns, 4 shares of 256-deep
+    K steps, 4 stages. So: an output wider than K takes no split; any other cuts K into shares of at least 1024."""
     if n > k:
-        narrow = triton.cdiv(n, 32) < sms // 2
-        return GemmTile(16 if narrow else 32, 128, 1)
-    split = min(MAX_SPLIT, triton.next_power_of_2(triton.cdiv(k, 256)))
-    return GemmTile(32, 128, split)
+        if triton.cdiv(n, 32) < sms // 2:  # narrow: 16-column tiles to fill the GPU
+            return GemmTile(16, 128, 1, num_stages=4)
+        return GemmTile(32, 128, 1, num_stages=3)
+    split = min(MAX_SPLIT, max(1, k // 1024))
+    return GemmTile(32, 256 if k // split >= 1024 else 128, split, num_stages=4)
 
 
 @triton.jit

@@ -259,8 +259,8 @@ def test_decode_graphs_sample_each_row_on_gpu(model_dir):
 def test_decode_steps_repeat_bit_for_bit_on_gpu():
     """One decode step, replayed again and again, gives the same logits bit for bit: nothing on the decode
     path (the PDL chain's split-K GEMMs and their reduces, decode attention's split merge) adds in an order
-    that changes from run to run. qwen2.5-0.5b's shape in bf16, so that the chain's o and down GEMMs split K
-    and attention splits its keys; a random cache, so that every split has something to add."""
+    that changes from run to run. qwen2.5-0.5b's shape in bf16, so that the chain's down GEMM splits K and
+    attention splits its keys; a random cache, so that every split has something to add."""
     context = 1024
     llm = LLM(
         "qwen2.5-0.5b",

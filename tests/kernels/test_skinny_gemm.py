@@ -52,10 +52,11 @@ def test_skinny_gemm_chosen_tile_and_max_rows(add):
 
 def test_skinny_tile_follows_the_sweep():
     """qwen2.5-0.5b's four decode GEMMs on 132 SMs get the tiles the H100 sweep found best."""
-    assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1)
-    assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1)
-    assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 4)
-    assert skinny_tile(896, 4864, 132) == GemmTile(32, 128, 8)
+    assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1, num_stages=4)
+    assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1, num_stages=3)
+    assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=4)
+    assert skinny_tile(896, 4864, 132) == GemmTile(32, 256, 4, num_stages=4)
+    assert skinny_tile(4096, 4096, 132) == GemmTile(32, 256, 4, num_stages=4)  # shares of at least 1024
 
 
 def test_skinny_gemm_rejects_bad_input():
