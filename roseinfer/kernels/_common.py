@@ -48,6 +48,21 @@ def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def _cuda_max_shared(index: int) -> int:
+    import triton
+
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+
+
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory one program of a Triton kernel may take on `device` (the opt-in maximum, as
+    Triton checks it); None off CUDA, where nothing caps it."""
+    if device.type != "cuda" or is_interpret():
+        return None
+    return _cuda_max_shared(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (a small stand-in on CPU, where any value is correct)."""
     if device.type == "cuda":

@@ -17,13 +17,13 @@ output is too narrow to fill the GPU) each program writes an fp32 partial and a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import dot_dtype, dot_precision, num_sms
+from roseinfer.kernels._common import dot_dtype, dot_precision, max_shared_memory, num_sms
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
 MAX_ROWS = 64
@@ -51,6 +51,24 @@ def skinny_tile(n: int, k: int, sms: int) -> GemmTile:
         return GemmTile(32, 128, 1, num_stages=3)
     split = min(MAX_SPLIT, max(1, k // 1024))
     return GemmTile(32, 256 if k // split >= 1024 else 128, split, num_stages=4)
+
+
+def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
+    """`tile` with at most 3 stages, then shallower K steps, then fewer stages, until its pipeline's x and w
+    tiles fit `limit` bytes of shared memory (the sweep's tiles are for bf16: fp32 needs twice the room)."""
+    stages, block_k = tile.num_stages, tile.block_k
+
+    def need() -> int:
+        return stages * (block_m + tile.block_n) * block_k * elem_bytes
+
+    while limit is not None and need() > limit and (stages > 1 or block_k > 32):
+        if stages > 3:
+            stages -= 1
+        elif block_k > 32:
+            block_k //= 2
+        else:
+            stages -= 1
+    return replace(tile, block_k=block_k, num_stages=stages)
 
 
 @triton.jit
@@ -165,7 +183,11 @@ def skinny_gemm(
         return out
     if k == 0:
         return out if add else out.zero_()
-    tile = tile or skinny_tile(n, k, num_sms(x.device))
+    if tile is None:
+        block_m = max(16, triton.next_power_of_2(m))
+        tile = fit_shared_memory(
+            skinny_tile(n, k, num_sms(x.device)), block_m, x.element_size(), max_shared_memory(x.device)
+        )
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -59,6 +61,22 @@ def test_skinny_tile_follows_the_sweep():
     assert skinny_tile(4096, 4096, 132) == GemmTile(32, 256, 4, num_stages=4)  # shares of at least 1024
 
 
+def test_default_tiles_fit_the_shared_memory():
+    """The sweep's bf16 tiles fit an H100's 227 KiB; in fp32 the same pipelines need twice that, so the tile
+    drops to 3 stages, then halves its K step, until it fits."""
+    from roseinfer.kernels.skinny_gemm import fit_shared_memory
+
+    h100 = 232_448
+    down = skinny_tile(896, 4864, 132)
+    assert fit_shared_memory(down, 64, 2, h100) == down  # 4 x (64 + 32) x 256 x 2 B = 192 KiB
+    fp32_down = replace(down, block_k=128, num_stages=3)  # 3 x (64 + 32) x 128 x 4 B = 144 KiB
+    assert fit_shared_memory(down, 64, 4, h100) == fp32_down
+    assert fit_shared_memory(down, 64, 4, 100_000) == replace(down, block_k=64, num_stages=3)
+    assert fit_shared_memory(down, 64, 4, None) == down  # no cap off CUDA
+    tiny = fit_shared_memory(down, 64, 4, 1)  # nothing fits: the smallest pipeline, not an endless loop
+    assert (tiny.block_k, tiny.num_stages) == (32, 1)
+
+
 def test_skinny_gemm_rejects_bad_input():
     x = torch.zeros((4, 8), device=DEVICE)
     w = torch.zeros((6, 8), device=DEVICE)
@@ -84,9 +102,11 @@ def test_skinny_gemm_empty_k_stores_zeros_or_leaves_out():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)  # fp32: the bf16 tiles must shrink to fit
 @pytest.mark.parametrize("m", [2, 8, 33, 64])
-@pytest.mark.parametrize(("n", "k"), [(1152, 896), (896, 896), (9728, 896), (896, 4864), (4096, 4096)])
+@pytest.mark.parametrize(
+    ("n", "k"), [(1152, 896), (896, 896), (9728, 896), (896, 4864), (4096, 4096), (64, 8192)]
+)
 def test_skinny_gemm_gpu_shapes(m, n, k, dtype):
     pdl = pdl_supported(DEVICE)
     for add in (False, True):
