@@ -17,6 +17,7 @@ output is too narrow to fill the GPU) each program writes an fp32 partial and a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -69,6 +70,14 @@ def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int 
         else:
             stages -= 1
     return replace(tile, block_k=block_k, num_stages=stages)
+
+
+@functools.cache
+def _default_tile(n: int, k: int, block_m: int, elem_bytes: int, device: torch.device) -> GemmTile:
+    """The swept tile, fitted to the device: computed once per shape, not on every (eager) launch."""
+    return fit_shared_memory(
+        skinny_tile(n, k, num_sms(device)), block_m, elem_bytes, max_shared_memory(device)
+    )
 
 
 @triton.jit
@@ -183,11 +192,8 @@ def skinny_gemm(
         return out
     if k == 0:
         return out if add else out.zero_()
-    if tile is None:
-        block_m = max(16, triton.next_power_of_2(m))
-        tile = fit_shared_memory(
-            skinny_tile(n, k, num_sms(x.device)), block_m, x.element_size(), max_shared_memory(x.device)
-        )
+    block_m = max(16, triton.next_power_of_2(m))
+    tile = tile or _default_tile(n, k, block_m, x.element_size(), x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
@@ -205,7 +211,7 @@ def skinny_gemm(
         k_per_split,
         ADD=add,
         SPLIT=split,
-        BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_M=block_m,
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         **pdl_kwargs(pdl),
