@@ -3,7 +3,7 @@ the engine's kernel: each of a qwen2.5-0.5b layer's four linears at a decode bat
 back to back in a CUDA graph (us per launch, the split-K reduce included), with the shipped tile marked.
 GPU only.
 
-    python scripts/sweep_skinny_tiles.py --batches 16,64
+    python scripts/sweep_skinny_tiles.py --batches 16,64 [--block-n 16,32,64 --block-k 64,128,256 --stages 2,3,4]
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ LINEARS = {"qkv": (QKV, HIDDEN, False), "o": (HIDDEN, HIDDEN, True), "gate_up": 
            "down": (HIDDEN, INTER, True)}  # fmt: skip
 
 
-def candidates(n: int, k: int, sms: int, warps_options: list[int]) -> list[GemmTile]:
+def candidates(
+    n: int, k: int, sms: int, block_ns: list[int], block_ks: list[int], warps: list[int], stages: list[int]
+) -> list[GemmTile]:
     tiles = []
-    for bn, bk, warps, stages in itertools.product((16, 32, 64), (64, 128, 256), warps_options, (2, 3, 4)):
+    for bn, bk, warps_, stages_ in itertools.product(block_ns, block_ks, warps, stages):
         for split in (1, 2, 4, 8):
             if split > MAX_SPLIT or k // split < bk or (split > 1 and triton.cdiv(n, bn) * split > 4 * sms):
                 continue
-            tiles.append(GemmTile(bn, bk, split, warps, stages))
+            tiles.append(GemmTile(bn, bk, split, warps_, stages_))
     return tiles
 
 
@@ -48,7 +50,11 @@ def main() -> None:
     parser.add_argument("--batches", default="16,64")
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--warps", default="4")
+    parser.add_argument("--block-n", default="16,32,64")
+    parser.add_argument("--block-k", default="64,128,256")
+    parser.add_argument("--stages", default="2,3,4")
     args = parser.parse_args()
+    grid = [[int(v) for v in a.split(",")] for a in (args.block_n, args.block_k, args.warps, args.stages)]
     device = torch.device("cuda")
     sms = num_sms(device)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -61,7 +67,9 @@ def main() -> None:
             x = torch.randn(batch, k, device=device, dtype=torch.bfloat16, generator=gen)
             out = torch.zeros(batch, n, device=device, dtype=torch.bfloat16)
             shipped = skinny_tile(n, k, sms)
-            cands = candidates(n, k, sms, [int(w) for w in args.warps.split(",")])
+            cands = candidates(n, k, sms, *grid)
+            if shipped not in cands:
+                cands.append(shipped)
             timed = []
             for t in cands:
                 try:

@@ -41,17 +41,19 @@ class GemmTile:
     num_stages: int = 3
 
 
-def skinny_tile(n: int, k: int, sms: int) -> GemmTile:
-    """The tile for an [n, k] weight. Swept on an H100 for qwen2.5-0.5b at 64 rows (`scripts/sweep_skinny_tiles.py`):
-    qkv (1152 x 896) 16 columns, one share, 4 stages; gate_up (9728 x 896) 32 columns, one share, 3 stages (12%
-    slower at 4); o (896 x 896) 32 columns, one share, 4 stages; down (896 x 4864) 32 columns, 4 shares of 256-deep
-    K steps, 4 stages. So: an output wider than K takes no split; any other cuts K into shares of at least 1024."""
+def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
+    """The tile for an [n, k] weight and `block_m` (padded) rows. Swept on an H100 for qwen2.5-0.5b
+    (`scripts/sweep_skinny_tiles.py`): qkv (1152 x 896) 16 columns, one share, 4 stages; gate_up (9728 x 896)
+    32 columns, one share, 3 stages (12% slower at 4); o (896 x 896) one share, 4 stages, 32 columns at 64 rows
+    but 16 at 8-32 rows (2-7% faster there); down (896 x 4864) 32 columns, 4 shares of 256-deep K steps,
+    4 stages. So: an output wider than K takes no split; any other cuts K into shares of at least 1024."""
     if n > k:
         if triton.cdiv(n, 32) < sms // 2:  # narrow: 16-column tiles to fill the GPU
             return GemmTile(16, 128, 1, num_stages=4)
         return GemmTile(32, 128, 1, num_stages=3)
     split = min(MAX_SPLIT, max(1, k // 1024))
-    return GemmTile(32, 256 if k // split >= 1024 else 128, split, num_stages=4)
+    block_n = 16 if split == 1 and block_m <= 32 else 32
+    return GemmTile(block_n, 256 if k // split >= 1024 else 128, split, num_stages=4)
 
 
 def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
@@ -76,7 +78,7 @@ def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int 
 def _default_tile(n: int, k: int, block_m: int, elem_bytes: int, device: torch.device) -> GemmTile:
     """The swept tile, fitted to the device: computed once per shape, not on every (eager) launch."""
     return fit_shared_memory(
-        skinny_tile(n, k, num_sms(device)), block_m, elem_bytes, max_shared_memory(device)
+        skinny_tile(n, k, num_sms(device), block_m), block_m, elem_bytes, max_shared_memory(device)
     )
 
 

@@ -57,6 +57,9 @@ def test_skinny_tile_follows_the_sweep():
     assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1, num_stages=4)
     assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1, num_stages=3)
     assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=4)
+    for block_m in (16, 32):  # o at 8-32 rows: 16 columns
+        assert skinny_tile(896, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)
+        assert skinny_tile(896, 4864, 132, block_m) == skinny_tile(896, 4864, 132)  # down: the same shares
     assert skinny_tile(896, 4864, 132) == GemmTile(32, 256, 4, num_stages=4)
     assert skinny_tile(4096, 4096, 132) == GemmTile(32, 256, 4, num_stages=4)  # shares of at least 1024
 
