@@ -2,16 +2,18 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits, ncu (on request)
-# Full logs and JSON go to ${OUT:-/tmp/roseinfer-gpu}; stdout gets each section's short summary.
+#             peers (vLLM beside roseinfer), gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits, ncu (on request)
+# Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
+# $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
+# archive, $LOGS/gpu_check_logs.tgz.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/roseinfer-gpu}
-mkdir -p "$OUT"
+LOGS=${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}
+mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-RI="python3 -m roseinfer.entrypoints.cli"
+RI=${RI:-python3 -m roseinfer.entrypoints.cli}
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(tests kernels roofline roofline-llama throughput throughput-llama prefix)
 summary=()
@@ -19,8 +21,8 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
     local name=$1 filter=$2; shift 2
     local t0=$SECONDS
     echo "=== $name"
-    if "$@" > "$OUT/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$OUT/$name.log"; fi
-    grep -E "$filter" "$OUT/$name.log" | cut -c1-160 | tail -n 40
+    if "$@" > "$LOGS/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$LOGS/$name.log"; fi
+    grep -E "$filter" "$LOGS/$name.log" | cut -c1-160 | tail -n 40
 }
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
@@ -29,25 +31,25 @@ for s in "${sections[@]}"; do
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;
-    roofline) run roofline-qwen '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape qwen2.5-0.5b --json "$OUT/roofline_qwen.json" ;;
-    roofline-llama) run roofline-llama '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$OUT/roofline_llama.json" ;;
+    roofline) run roofline-qwen '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape qwen2.5-0.5b --json "$LOGS/roofline_qwen.json" ;;
+    roofline-llama) run roofline-llama '^(roofline|step|decode|prefill) ' $RI bench roofline --model-shape llama-3.1-8b --batches 1,16,64 --prefill-tokens 512,2048,4096,8192 --json "$LOGS/roofline_llama.json" ;;
     throughput)
-      run w1-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --peer hf --json "$OUT/w1_qwen.json"
-      run w1-qwen-static "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode static --no-roofline --json "$OUT/w1_qwen_static.json"
-      run w2-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W2 --mode continuous --json "$OUT/w2_qwen.json"
-      run w2-qwen3 "$REPORT" $RI bench throughput --model-shape qwen3-0.6b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_qwen3.json" ;;
+      run w1-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --peer hf --json "$LOGS/w1_qwen.json"
+      run w1-qwen-static "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode static --no-roofline --json "$LOGS/w1_qwen_static.json"
+      run w2-qwen "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W2 --mode continuous --json "$LOGS/w2_qwen.json"
+      run w2-qwen3 "$REPORT" $RI bench throughput --model-shape qwen3-0.6b --workload W2 --mode continuous --no-roofline --json "$LOGS/w2_qwen3.json" ;;
     throughput-llama)
-      run w1-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W1 --mode continuous --json "$OUT/w1_llama.json"
-      run w2-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --json "$OUT/w2_llama.json" ;;
+      run w1-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W1 --mode continuous --json "$LOGS/w1_llama.json"
+      run w2-llama "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --json "$LOGS/w2_llama.json" ;;
     policy)  # W2 llama: fcfs at the default budget, then longest-output-first at small budgets (POLICY_BUDGETS)
-      run w2-llama-fcfs "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --json "$OUT/w2_llama_fcfs.json"
+      run w2-llama-fcfs "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --json "$LOGS/w2_llama_fcfs.json"
       for b in ${POLICY_BUDGETS:-320 384 512}; do
-        run w2-llama-lof-$b "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --json "$OUT/w2_llama_lof_$b.json"
+        run w2-llama-lof-$b "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --json "$LOGS/w2_llama_lof_$b.json"
       done ;;
     mixed)  # W2 llama under lof at small budgets (MIXED_BUDGETS), steps with prefill work eager (0) vs as graphs
       for b in ${MIXED_BUDGETS:-320 512}; do
         for m in 0 $b; do
-          run w2-llama-lof-$b-graphs$m "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --mixed-graph-max-tokens $m --json "$OUT/w2_llama_lof_${b}_graphs$m.json"
+          run w2-llama-lof-$b-graphs$m "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --mixed-graph-max-tokens $m --json "$LOGS/w2_llama_lof_${b}_graphs$m.json"
         done
       done ;;
     ttft)  # cache-miss TTFT by prompt length, steps with prefill work eager / graphed to 512 / to the automatic cap;
@@ -56,51 +58,86 @@ for s in "${sections[@]}"; do
       run ttft-llama '^(\||cap|#)' python3 scripts/probe_prefill_latency.py --model-shape llama-3.1-8b --lengths 128,512,1000 --caps 0,auto --repeats 10
       for m in 512 auto; do
         flag=""; [ $m != auto ] && flag="--mixed-graph-max-tokens $m"
-        run prefix-W3-graphs-$m '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress $flag --json "$OUT/prefix_W3_graphs_$m.json"
+        run prefix-W3-graphs-$m '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress $flag --json "$LOGS/prefix_W3_graphs_$m.json"
       done ;;
     splits)  # prefill attention's key splits: the kernel on short chunks over long prefixes, then W3 qwen (prefix
              # hits) and W2 llama under lof (SPLIT_BUDGETS), each with and without the splits, alternating
       run sweep-prefill-splits '^(shape|llama|qwen|us|grid)' python3 scripts/sweep_prefill_splits.py
       for k in prefill-key-splits no-prefill-key-splits; do
-        run prefix-W3-$k '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --$k --json "$OUT/prefix_W3_$k.json"
+        run prefix-W3-$k '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --$k --json "$LOGS/prefix_W3_$k.json"
       done
       for b in ${SPLIT_BUDGETS:-320 512}; do
         for k in prefill-key-splits no-prefill-key-splits; do
-          run w2-llama-lof-$b-$k "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --$k --json "$OUT/w2_llama_lof_${b}_$k.json"
+          run w2-llama-lof-$b-$k "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --$k --json "$LOGS/w2_llama_lof_${b}_$k.json"
         done
       done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do
-        run prefix-$w '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload $w --no-progress --json "$OUT/prefix_$w.json"
+        run prefix-$w '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload $w --no-progress --json "$LOGS/prefix_$w.json"
       done
       # W3 is online: each rate takes (requests / rate) seconds, so it runs fewer requests per rate here.
-      run prefix-W3 '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --json "$OUT/prefix_W3.json" ;;
+      run prefix-W3 '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --json "$LOGS/prefix_W3.json" ;;
+    peers)  # vLLM 0.24 beside roseinfer on W1 and W2 (PEERS_SHAPES), in one call (~8 min for both shapes). First
+            # assemble /tmp/vbundle.tar from the bundle's six chunks, one device call each, right after one another
+            # (shared/peers/vllm/README.md); PEERS_DIR holds that folder's install.sh and bench_w1_w2.py.
+      P=${PEERS_DIR:-.vb5}
+      run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"
+      for shape in ${PEERS_SHAPES:-qwen2.5-0.5b llama-3.1-8b}; do
+        config=(); [ "$shape" != qwen2.5-0.5b ] && config=(--config "roseinfer/models/configs/$shape.json")
+        run vllm-$shape '^(W1|W2):' env VLLM_USE_FLASHINFER_SAMPLER=0 OUT="$LOGS" PYTHONPATH=/tmp/vsite python3 "$P/bench_w1_w2.py" "${config[@]}"
+        mv -f "$LOGS/vllm_w1.json" "$LOGS/vllm_$shape.json" 2>/dev/null
+        for w in W1 W2; do
+          run $w-$shape "$REPORT" $RI bench throughput --model-shape $shape --workload $w --mode continuous --json "$LOGS/${w}_$shape.json"
+        done
+      done
+      if [[ " ${PEERS_SHAPES:-llama-3.1-8b} " == *" llama-3.1-8b "* ]]; then
+        run w2-llama-lof-512 "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --admission-policy lof --max-num-batched-tokens 512 --json "$LOGS/W2-lof-512_llama-3.1-8b.json"
+      fi
+      python3 - "$LOGS" ${PEERS_SHAPES:-qwen2.5-0.5b llama-3.1-8b} <<'PY'
+import json, os, sys
+logs = sys.argv[1]
+def load(name):
+    path = os.path.join(logs, name)
+    return json.load(open(path)) if os.path.exists(path) else None
+print(f"{'shape':14} {'workload':12} {'vLLM out tok/s':>15} {'roseinfer':>10} {'ratio':>6}")
+for shape in sys.argv[2:]:
+    peer = load(f"vllm_{shape}.json") or {}
+    for w in ("W1", "W2", "W2-lof-512"):
+        ours = load(f"{w}_{shape}.json")
+        if ours is None:
+            continue
+        mine = ours["results"]["continuous"]["completion_throughput"]
+        theirs = peer.get(w[:2], {}).get("out_tok_s")
+        ratio = f"{mine / theirs:.2f}x" if theirs else "-"
+        print(f"{shape:14} {w:12} {theirs or 0:15,.0f} {mine:10,.0f} {ratio:>6}")
+PY
+      ;;
     gemv)  # batch-1 decode: the fused GEMV against cuBLAS + separate kernels, per GEMM and per step
       run sweep-gemv '^(#|llama|qwen|shape)' python3 scripts/sweep_gemv.py ${GEMV_SWEEP:---quick}
       for shape in llama-3.1-8b qwen2.5-0.5b; do
         for g in one-token-gemv no-one-token-gemv; do
-          run roofline-b1-$shape-$g '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 1 --contexts 1024 --prefill-tokens 512 --$g --json "$OUT/roofline_b1_${shape}_$g.json"
+          run roofline-b1-$shape-$g '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 1 --contexts 1024 --prefill-tokens 512 --$g --json "$LOGS/roofline_b1_${shape}_$g.json"
         done
       done ;;
     fold)  # decode-only steps with and without the RMSNorm launches (norm weights folded), same lease
       for shape in qwen2.5-0.5b llama-3.1-8b; do
         for f in fold-norms no-fold-norms; do
-          run roofline-$shape-$f '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 16,64,256 --contexts 1024 --prefill-tokens 512 --$f --json "$OUT/roofline_${shape}_$f.json"
+          run roofline-$shape-$f '^(roofline|step|decode) ' $RI bench roofline --model-shape $shape --batches 16,64,256 --contexts 1024 --prefill-tokens 512 --$f --json "$LOGS/roofline_${shape}_$f.json"
         done
       done
       for f in fold-norms no-fold-norms fold-norms no-fold-norms; do
-        run w1-qwen-$f "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --$f --json "$OUT/w1_qwen_$f.json"
+        run w1-qwen-$f "$REPORT" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --$f --json "$LOGS/w1_qwen_$f.json"
       done ;;
     profile)
       # Any trace slows this host-paced run (CUPTI makes each graph launch dearer), so the busy share of
       # steady decode (b=64) is read as the kernel time of a step in a GPU-only trace over the untraced
       # run's median decode step (kernel durations do not depend on the host's pace).
-      run w1-untraced "$REPORT|blocked|Decode-only" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --json "$OUT/w1_untraced.json"
+      run w1-untraced "$REPORT|blocked|Decode-only" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --json "$LOGS/w1_untraced.json"
       run profile-gpu-only "$REPORT|blocked|Decode-only" $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1gpu.json --profile-gpu-only
       run trace-decode-busy '.' $RI trace-sql /tmp/w1gpu.continuous.json --example decode-busy
-      run steady-decode-busy '.' python3 scripts/steady_decode_busy.py /tmp/w1gpu.continuous.json "$OUT/w1_untraced.json"
+      run steady-decode-busy '.' python3 scripts/steady_decode_busy.py /tmp/w1gpu.continuous.json "$LOGS/w1_untraced.json"
       run trace-gpu-kernels '.' $RI trace-sql /tmp/w1gpu.continuous.json --example top-kernels
-      $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$OUT/profile.log" 2>&1
+      $RI bench throughput --model-shape qwen2.5-0.5b --workload W1 --mode continuous --no-roofline --profile /tmp/w1trace.json > "$LOGS/profile.log" 2>&1
       run trace-ranges '.' $RI trace-sql /tmp/w1trace.continuous.json --example range-times
       run trace-gaps '.' $RI trace-sql /tmp/w1trace.continuous.json --example gpu-gaps
       run trace-kernels '.' $RI trace-sql /tmp/w1trace.continuous.json --example top-kernels ;;
@@ -117,8 +154,8 @@ for s in "${sections[@]}"; do
     ncu)  # Nsight Compute counters of one graphed qwen decode step's first 20 kernels (twenty-second session)
       run ncu 'PROF. Report|Error' ncu --clock-control none --profile-from-start off --launch-count 20 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        -o "$OUT/step64" -f python3 scripts/ncu_decode_step.py
-      run ncu-table '.' ncu --import "$OUT/step64.ncu-rep" --page raw --csv \
+        -o "$LOGS/step64" -f python3 scripts/ncu_decode_step.py
+      run ncu-table '.' ncu --import "$LOGS/step64.ncu-rep" --page raw --csv \
         --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
@@ -137,6 +174,9 @@ for s in "${sections[@]}"; do
     *) echo "unknown section $s"; exit 2 ;;
   esac
 done
+if [ -n "${OUT:-}" ] && [ "$OUT" != "$LOGS" ]; then
+  mkdir -p "$OUT" && tar -czf "$OUT/gpu_check_logs.tgz" --exclude='*.ncu-rep' -C "$LOGS" .
+fi
 echo
 echo "=== summary"
 for s in "${summary[@]}"; do echo "  $s"; done
