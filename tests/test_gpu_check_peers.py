@@ -1,0 +1,72 @@
+"""`scripts/gpu_check.sh peers` with stand-ins for vLLM's bench and roseinfer's CLI: it runs every step, keeps the
+logs outside `$OUT`, returns them as one archive, and its closing table divides the right numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_VLLM = """
+import json, os, sys
+shape = "llama" if "--config" in sys.argv else "qwen"
+print(f"W1: 1.0s, 8192 out tokens, {shape} out tok/s")
+rates = {"qwen": (10000.0, 20000.0), "llama": (4000.0, 8000.0)}[shape]
+with open(os.path.join(os.environ["OUT"], "vllm_w1.json"), "w") as f:
+    json.dump({"W1": {"out_tok_s": rates[0]}, "W2": {"out_tok_s": rates[1]}}, f)
+"""
+
+# Writes completion throughput = 3 x vLLM's qwen W1, 4 x its qwen W2, 1 x llama's: the table must divide them.
+FAKE_RI = """
+rate() { case "$1 $2" in "qwen2.5-0.5b W1") echo 30000;; "qwen2.5-0.5b W2") echo 80000;;
+         "llama-3.1-8b W1") echo 4000;; *) echo 8800;; esac; }
+shape=""; w=""; j=""; prev=""
+for a in "$@"; do
+  [ "$prev" = --model-shape ] && shape=$a; [ "$prev" = --workload ] && w=$a; [ "$prev" = --json ] && j=$a; prev=$a
+done
+echo "Throughput (completion): $(rate $shape $w) tokens/s"
+echo "{\\"results\\": {\\"continuous\\": {\\"completion_throughput\\": $(rate $shape $w)}}}" > "$j"
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="bash script")
+def test_peers_section_runs_every_step_and_divides_the_right_numbers(tmp_path: Path) -> None:
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    (peers / "install.sh").write_text('echo "offline-path imports checked in 1.0s"\n')
+    (peers / "bench_w1_w2.py").write_text(FAKE_VLLM)
+    (tmp_path / "ri.sh").write_text(FAKE_RI)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    env = dict(
+        os.environ, OUT=str(out), GPU_CHECK_LOGS=str(logs), PEERS_DIR=str(peers), RI=f"bash {tmp_path}/ri.sh"
+    )
+    run = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "peers"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    table = run.stdout[run.stdout.index("vLLM out tok/s") :].splitlines()
+    rows = {tuple(line.split()[:2]): line.split()[-1] for line in table[1:6]}
+    assert rows == {
+        ("qwen2.5-0.5b", "W1"): "3.00x",
+        ("qwen2.5-0.5b", "W2"): "4.00x",
+        ("llama-3.1-8b", "W1"): "1.00x",
+        ("llama-3.1-8b", "W2"): "1.10x",
+        ("llama-3.1-8b", "W2-lof-512"): "1.10x",
+    }
+    assert "FAILED" not in run.stdout
+    assert json.loads((logs / "vllm_llama-3.1-8b.json").read_text())["W1"]["out_tok_s"] == 4000.0
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check_logs.tgz"]  # one file comes back
+    with tarfile.open(out / "gpu_check_logs.tgz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"vllm-qwen2.5-0.5b.log", "W2-lof-512_llama-3.1-8b.json"} <= names
