@@ -16,7 +16,7 @@ import triton
 
 from roseinfer.bench.kernels import _graph_back_to_back_ms
 from roseinfer.kernels._common import num_sms
-from roseinfer.kernels.skinny_gemm import MAX_SPLIT, GemmTile, skinny_gemm, skinny_tile
+from roseinfer.kernels.skinny_gemm import MAX_SPLIT, GemmTile, padded_rows, skinny_gemm, skinny_tile
 
 LAYERS = 24
 HIDDEN, QKV, INTER = 896, 1152, 4864  # qwen2.5-0.5b
@@ -66,7 +66,7 @@ def main() -> None:
             ]
             x = torch.randn(batch, k, device=device, dtype=torch.bfloat16, generator=gen)
             out = torch.zeros(batch, n, device=device, dtype=torch.bfloat16)
-            shipped = skinny_tile(n, k, sms)
+            shipped = skinny_tile(n, k, sms, padded_rows(batch))
             cands = candidates(n, k, sms, *grid)
             if shipped not in cands:
                 cands.append(shipped)

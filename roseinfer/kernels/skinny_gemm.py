@@ -56,6 +56,11 @@ def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
     return GemmTile(block_n, 256 if k // split >= 1024 else 128, split, num_stages=4)
 
 
+def padded_rows(m: int) -> int:
+    """The kernel's BLOCK_M for m rows: `tl.dot` needs at least 16."""
+    return max(16, triton.next_power_of_2(m))
+
+
 def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
     """`tile` with at most 3 stages, then shallower K steps, then fewer stages, until its pipeline's x and w
     tiles fit `limit` bytes of shared memory (the sweep's tiles are for bf16: fp32 needs twice the room)."""
@@ -194,7 +199,7 @@ def skinny_gemm(
         return out
     if k == 0:
         return out if add else out.zero_()
-    block_m = max(16, triton.next_power_of_2(m))
+    block_m = padded_rows(m)
     tile = tile or _default_tile(n, k, block_m, x.element_size(), x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # shares past K would be empty

@@ -9,7 +9,14 @@ import torch
 
 from roseinfer.kernels._common import is_interpret
 from roseinfer.kernels.pdl import pdl_supported
-from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile, skinny_gemm, skinny_gemm_ref, skinny_tile
+from roseinfer.kernels.skinny_gemm import (
+    MAX_ROWS,
+    GemmTile,
+    padded_rows,
+    skinny_gemm,
+    skinny_gemm_ref,
+    skinny_tile,
+)
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, HAS_CUDA, TOL, generator, randn
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -57,6 +64,7 @@ def test_skinny_tile_follows_the_sweep():
     assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1, num_stages=4)
     assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1, num_stages=3)
     assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=4)
+    assert [padded_rows(m) for m in (1, 8, 16, 17, 32, 33, 64)] == [16, 16, 16, 32, 32, 64, 64]
     for block_m in (16, 32):  # o at 8-32 rows: 16 columns
         assert skinny_tile(896, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)
         assert skinny_tile(896, 4864, 132, block_m) == skinny_tile(896, 4864, 132)  # down: the same shares
