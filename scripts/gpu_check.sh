@@ -5,7 +5,7 @@
 #             peers (vLLM beside roseinfer), gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
-# archive, $LOGS/gpu_check_logs.tgz.
+# archive, $OUT/gpu_check_logs.tgz.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
 set -uo pipefail
