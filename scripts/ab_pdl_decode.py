@@ -7,6 +7,9 @@ tree; this puts both engines in one process on the same (dummy) weights and step
 - with `--kernels`, device us per step by kernel (torch profiler, CUDA activity only).
 
     python scripts/ab_pdl_decode.py --model-shape qwen2.5-0.5b --batches 16,64 --context 1024
+
+`--chain-any-size` lifts the chain's model-size limit (`llama.PDL_DECODE_MAX_HIDDEN`), to measure the chain
+on a larger model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
+from roseinfer.models import llama
 
 
 def engine(shape: str, pdl: bool, max_batch: int, context: int) -> LLM:
@@ -101,7 +105,10 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--engines", default="pdl,plain", help="of pdl (the chain), plain (no PDL)")
+    p.add_argument("--chain-any-size", action="store_true", help="chain decode steps of any model size")
     args = p.parse_args()
+    if args.chain_any_size:
+        llama.PDL_DECODE_MAX_HIDDEN = 1 << 30
     batches = [int(b) for b in args.batches.split(",")]
     names = args.engines.split(",")
     if not set(names) <= {"pdl", "plain"}:
