@@ -8,8 +8,11 @@ tree; this puts both engines in one process on the same (dummy) weights and step
 
     python scripts/ab_pdl_decode.py --model-shape qwen2.5-0.5b --batches 16,64 --context 1024
 
-`--chain-any-size` lifts the chain's model-size limit (`llama.PDL_DECODE_MAX_HIDDEN`), to measure the chain
-on a larger model.
+Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chain's kernels, launched without
+PDL: with `--kernels`, their own times, which PDL's overlap hides), and `pdl-no-attention`, `pdl-no-silu`,
+`pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N [--chain-attention]`
+replace the model width's own chain (`llama.decode_chain`) by one over steps of up to N rows, with decode
+attention in it or not.
 """
 
 from __future__ import annotations
@@ -23,11 +26,26 @@ import torch
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
+from roseinfer.kernels import activation, paged_decode_attention, skinny_gemm
+from roseinfer.kernels import pdl as pdl_launch
 from roseinfer.models import llama
 
+WITHOUT_PDL = {"nopdl": pdl_launch, "pdl-no-attention": paged_decode_attention, "pdl-no-silu": activation,
+               "pdl-no-gemm": skinny_gemm}  # fmt: skip
+ENGINES = {"pdl", "plain", *WITHOUT_PDL}
 
-def engine(shape: str, pdl: bool, max_batch: int, context: int) -> LLM:
+
+def engine(shape: str, name: str, max_batch: int, context: int) -> LLM:
     blocks = max_batch * (-(-context // 16) + 1) + 16
+    if name in WITHOUT_PDL:  # graphs are captured at start-up: launches made while patched keep no PDL
+        module = WITHOUT_PDL[name]
+        attr = "pdl_active" if module is pdl_launch else "pdl_kwargs"
+        saved = getattr(module, attr)
+        setattr(module, attr, (lambda pdl: False) if module is pdl_launch else (lambda pdl: {"PDL": False}))
+        try:
+            return engine(shape, "pdl", max_batch, context)
+        finally:
+            setattr(module, attr, saved)
     return LLM(
         shape,
         load_format="dummy",
@@ -39,7 +57,7 @@ def engine(shape: str, pdl: bool, max_batch: int, context: int) -> LLM:
         max_model_len=context + 16,
         mixed_graph_max_tokens=0,
         enable_prefix_caching=False,
-        pdl_decode=pdl,
+        pdl_decode=name == "pdl",
     )
 
 
@@ -104,18 +122,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--kernels", action="store_true")
-    p.add_argument("--engines", default="pdl,plain", help="of pdl (the chain), plain (no PDL)")
-    p.add_argument("--chain-any-size", action="store_true", help="chain decode steps of any model size")
+    p.add_argument("--engines", default="pdl,plain", help=f"of {', '.join(sorted(ENGINES))}")
+    p.add_argument("--chain-rows", type=int, help="chain decode steps of up to this many rows")
+    p.add_argument("--chain-attention", action="store_true", help="with --chain-rows: attention in the chain")
     args = p.parse_args()
-    if args.chain_any_size:
-        llama.PDL_DECODE_MAX_HIDDEN = 1 << 30
+    if args.chain_rows is not None:
+        chain = llama.DecodeChain(args.chain_rows, args.chain_attention)
+        llama.decode_chain = lambda hidden_size: chain
     batches = [int(b) for b in args.batches.split(",")]
     names = args.engines.split(",")
-    if not set(names) <= {"pdl", "plain"}:
-        p.error(f"--engines takes pdl and plain, got {args.engines!r}")
+    if not set(names) <= ENGINES:
+        p.error(f"--engines takes {', '.join(sorted(ENGINES))}, got {args.engines!r}")
     engines = {}
     for name in names:
-        engines[name] = engine(args.model_shape, name == "pdl", max(batches), args.context)
+        engines[name] = engine(args.model_shape, name, max(batches), args.context)
         print(f"{name}: pdl_decode={engines[name].engine.core.runner.model.pdl_decode}")
     vocab = next(iter(engines.values())).engine.core.runner.cfg.vocab_size
     print(f"{args.model_shape}, ctx {args.context}, us a step, median of {args.rounds} alternating rounds")

@@ -42,17 +42,27 @@ class GemmTile:
 
 
 def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
-    """The tile for an [n, k] weight and `block_m` (padded) rows. Swept on an H100 for qwen2.5-0.5b
-    (`scripts/sweep_skinny_tiles.py`): qkv (1152 x 896) 16 columns, one share, 4 stages; gate_up (9728 x 896)
-    32 columns, one share, 3 stages (12% slower at 4); o (896 x 896) one share, 4 stages, 32 columns at 64 rows
-    but 16 at 8-32 rows (2-7% faster there); down (896 x 4864) 32 columns, 4 shares of 256-deep K steps,
-    4 stages. So: an output wider than K takes no split; any other cuts K into shares of at least 1024."""
+    """The tile for an [n, k] weight and `block_m` (padded) rows, from H100 sweeps of the engine's kernel
+    (`scripts/sweep_skinny_tiles.py`, us a launch):
+    - qwen2.5-0.5b: qkv (1152 x 896) 16 columns, one share, 4 stages; gate_up (9728 x 896) 32 columns, one
+      share, 3 stages (12% slower at 4); o (896 x 896) one share, 4 stages, 32 columns at 64 rows but 16 at
+      8-32 rows (2-7% faster there); down (896 x 4864) 32 columns, 4 shares of 256-deep K steps, 4 stages.
+    - llama-3.1-8b at 32-64 rows: qkv (6144 x 4096) 32 columns at 4 stages (8% faster than 3); gate_up
+      (28672 x 4096) 64 columns at 3 stages (6% faster than 32); o (4096 x 4096) and down (4096 x 14336) one
+      share of 256-deep steps (25-30% and 14-25% faster than four and eight shares: 128 column tiles already
+      fill the GPU).
+    So: an output wider than K takes no split, and 64 columns where that still makes two waves of programs;
+    any other cuts K into shares of at least 1024, as many as it takes to give every SM a program."""
+    tiles = triton.cdiv(n, 32)
+    deep = k >= 2048
     if n > k:
-        if triton.cdiv(n, 32) < sms // 2:  # narrow: 16-column tiles to fill the GPU
+        if tiles < sms // 2:  # narrow: 16-column tiles to fill the GPU
             return GemmTile(16, 128, 1, num_stages=4)
-        return GemmTile(32, 128, 1, num_stages=3)
-    split = min(MAX_SPLIT, max(1, k // 1024))
-    block_n = 16 if split == 1 and block_m <= 32 else 32
+        if triton.cdiv(n, 64) >= 2 * sms:
+            return GemmTile(64, 128, 1, num_stages=3)
+        return GemmTile(32, 128, 1, num_stages=4 if deep else 3)
+    split = max(1, min(MAX_SPLIT, k // 1024, sms // tiles))
+    block_n = 16 if split == 1 and block_m <= 32 and tiles < sms // 2 else 32
     return GemmTile(block_n, 256 if k // split >= 1024 else 128, split, num_stages=4)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -23,11 +25,33 @@ from roseinfer.models.layers import (
     silu_and_mul,
 )
 
-# Decode-only steps of models up to this width may run their GEMMs as the skinny Triton GEMM in one
-# programmatic-dependent-launch chain with attention and SiLU (`pdl_decode`). Its tiles were swept for
-# qwen2.5-0.5b (896); at llama-3.1-8b's 4096 the GEMMs are long weight streams that cuBLAS reads at 75-92% of
-# copy bandwidth and the launch gaps matter little.
+# Models up to this width run the whole decode chain (`decode_chain`).
 PDL_DECODE_MAX_HIDDEN = 1024
+# Wider models chain steps of up to this many rows, with decode attention outside the chain.
+WIDE_CHAIN_MAX_ROWS = 24
+
+
+@dataclass(frozen=True)
+class DecodeChain:
+    """How decode-only steps on the deferred-norm path (folded norms) run where `pdl_decode` is on: steps of up
+    to `max_rows` rows run their GEMMs as the skinny Triton GEMM in one programmatic-dependent-launch chain
+    with SiLU, and with decode attention too if `attention_pdl` (else attention launches once the qkv GEMM
+    has finished, and the o GEMM once attention has)."""
+
+    max_rows: int
+    attention_pdl: bool
+
+
+def decode_chain(hidden_size: int) -> DecodeChain:
+    """The chain for a model width, from H100 decode steps against torch's GEMMs (`scripts/ab_pdl_decode.py`,
+    ctx 1k, PERFORMANCE.md twenty-sixth session):
+    - qwen2.5-0.5b (896), the whole chain: -4 to -10% a step at 8-64 rows.
+    - llama-3.1-8b (4096), the whole chain: -5.5% at 8 rows, -0.9% at 16, but +4.4% at 24 and +5.4% at 32.
+      With attention outside it: -3.6%, -3.4%, -1.1%, +1.0% at 8, 16, 24, 32 (and -2.8 / -2.9% at 8 / 16
+      rows with ctx 4k). So wide models chain up to 24 rows, attention outside."""
+    if hidden_size <= PDL_DECODE_MAX_HIDDEN:
+        return DecodeChain(SKINNY_MAX_ROWS, attention_pdl=True)
+    return DecodeChain(WIDE_CHAIN_MAX_ROWS, attention_pdl=False)
 
 
 class LlamaAttention(nn.Module):
@@ -60,14 +84,19 @@ class LlamaAttention(nn.Module):
         return gemv(self._attend(qkv, positions, ctx), self.o_proj.weight, residual=residual)
 
     def attend_deferred_norm(
-        self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, ctx: ForwardContext, pdl: bool = False
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        chain: DecodeChain | None = None,
     ) -> torch.Tensor:
         """Attention of `norm(x)` with the norm's weight folded into qkv_proj (`fold_norm_weights`): the qkv
         GEMM reads x itself, and the attention kernel finishes q/k/v (1 / rms of x, bias) as it loads them.
-        `pdl`: both launches join a programmatic-dependent-launch chain."""
-        qkv = project(x, self.qkv_proj.weight, pdl)
+        With a `chain`, the qkv GEMM (and attention, if the chain says so) joins it."""
+        qkv = project(x, self.qkv_proj.weight, pdl=chain is not None)
         q, k, v = self._split_heads(qkv)
-        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias, pdl)
+        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias, chain is not None and chain.attention_pdl)
         return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary, unfinished)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,14 +171,19 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.forward_one_token(residual, self.post_attention_layernorm)
 
     def forward_deferred_norm(
-        self, residual: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext, pdl: bool = False
+        self,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        chain: DecodeChain | None = None,
     ) -> None:
         """The layer on the residual stream, in place, with no norm launch (norm weights folded into the
         linears): qkv GEMM, attention (finishing q/k/v), o GEMM adding into the stream, gate_up GEMM, SiLU
         (applying the second norm's 1 / rms), down GEMM adding into the stream: six launches (and any split-K
-        reduce), not nine. With `pdl` the GEMMs are the skinny Triton GEMM and every launch joins one
-        programmatic-dependent-launch chain, so each overlaps the tail of the one before."""
-        attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx, pdl)
+        reduce), not nine. With a `chain` the GEMMs are the skinny Triton GEMM and the launches join one
+        programmatic-dependent-launch chain (`DecodeChain`), so each overlaps the tail of the one before."""
+        pdl = chain is not None
+        attn = self.self_attn.attend_deferred_norm(residual, self.input_layernorm, positions, ctx, chain)
         add_project_(residual, attn, self.self_attn.o_proj.weight, pdl)
         gate_up = project(residual, self.mlp.gate_up_proj.weight, pdl)
         act = silu_and_mul(gate_up, rms_of=residual, eps=self.post_attention_layernorm.eps, pdl=pdl)
@@ -171,7 +205,7 @@ class LlamaModel(nn.Module):
         ctx: ForwardContext,
         one_token_gemv: bool = False,
         deferred_norm: bool = False,
-        pdl: bool = False,
+        chain: DecodeChain | None = None,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         if one_token_gemv:
@@ -180,7 +214,7 @@ class LlamaModel(nn.Module):
             return self.norm(x)
         if deferred_norm:
             for layer in self.layers:  # x is the residual stream, updated in place
-                layer.forward_deferred_norm(x, positions, ctx, pdl)
+                layer.forward_deferred_norm(x, positions, ctx, chain)
             return self.norm(x)
         residual = None
         for layer in self.layers:
@@ -206,9 +240,10 @@ class LlamaForCausalLM(nn.Module):
         self.one_token_gemv = True
         # Set by fold_norm_weights: decode-only steps then run without RMSNorm launches.
         self.norms_folded = False
-        # Set by the runner where PDL pays (`pdl_decode_pays`, an sm_90+ GPU): those steps of up to
-        # skinny_gemm.MAX_ROWS rows then run as one programmatic-dependent-launch chain.
+        # Set by the runner where PDL pays (`pdl_decode_pays`, an sm_90+ GPU): decode-only steps then run as
+        # this model width's programmatic-dependent-launch chain.
         self.pdl_decode = False
+        self.decode_chain = decode_chain(cfg.hidden_size)
         self.model = LlamaModel(cfg, max_positions)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -226,14 +261,15 @@ class LlamaForCausalLM(nn.Module):
             and ctx.backend.deferred_norm_pays(input_ids.shape[0], self.cfg.head_dim)
             and fused_kernels_for(input_ids)
         )
-        pdl = deferred and self.pdl_decode and input_ids.shape[0] <= SKINNY_MAX_ROWS
-        return self.model(input_ids, positions, ctx, deferred_norm=deferred, pdl=pdl)
+        chained = deferred and self.pdl_decode and input_ids.shape[0] <= self.decode_chain.max_rows
+        return self.model(
+            input_ids, positions, ctx, deferred_norm=deferred, chain=self.decode_chain if chained else None
+        )
 
     @property
     def pdl_decode_pays(self) -> bool:
-        """Whether decode steps should run as a PDL chain: only on the deferred-norm path (folded norms) of a
-        small model (`PDL_DECODE_MAX_HIDDEN`)."""
-        return self.norms_folded and self.cfg.hidden_size <= PDL_DECODE_MAX_HIDDEN
+        """Whether decode steps should run as a PDL chain: only on the deferred-norm path (folded norms)."""
+        return self.norms_folded
 
     @property
     def can_fold_norms(self) -> bool:

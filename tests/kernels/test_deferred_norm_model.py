@@ -130,30 +130,54 @@ def test_fold_norms_switched_off_and_qk_norm_models_unfolded(tmp_path, triton_ke
         llm.engine.core.runner.model.fold_norm_weights()
 
 
+def test_decode_chain_by_model_width():
+    """Small models chain every decode step the skinny GEMM takes, attention included; wide ones (llama-3.1-8b)
+    chain up to 24 rows with attention outside (the H100 A/B in `decode_chain`'s docstring)."""
+    from roseinfer.kernels.skinny_gemm import MAX_ROWS
+
+    assert llama.decode_chain(896) == llama.DecodeChain(MAX_ROWS, attention_pdl=True)
+    assert llama.decode_chain(llama.PDL_DECODE_MAX_HIDDEN) == llama.DecodeChain(MAX_ROWS, attention_pdl=True)
+    assert llama.decode_chain(4096) == llama.DecodeChain(24, attention_pdl=False)
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [None, llama.DecodeChain(3, attention_pdl=False), llama.DecodeChain(2, attention_pdl=True)],
+    ids=["own", "attention-outside", "steps-too-wide"],
+)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_pdl_decode_chain_matches_hf(arch, tmp_path, triton_kernels_on_cpu, monkeypatch):
+def test_pdl_decode_chain_matches_hf(arch, chain, tmp_path, triton_kernels_on_cpu, monkeypatch):
     """Decode steps as the PDL chain (`pdl_decode`): the skinny Triton GEMMs into the same buffers, SiLU and
-    attention launched as its members. The interpreter runs the launches in order (no PDL there), so this
-    checks the chain's arithmetic and wiring; the GPU tests check its ordering."""
+    attention launched as its members (or attention outside it, as wide models run it; or no chain for steps
+    wider than it takes). The interpreter runs the launches in order (no PDL there), so this checks the
+    chain's arithmetic and wiring; the GPU tests check its ordering."""
     import roseinfer.kernels.skinny_gemm as skinny
 
     shapes = []
-    real = skinny.skinny_gemm
+    attention_pdl = []
+    real, real_norm = skinny.skinny_gemm, llama.DeferredNorm
 
     def counting(x, w, *args, **kwargs):
         assert kwargs.get("pdl") is True
         shapes.append(tuple(w.shape))
         return real(x, w, *args, **kwargs)
 
+    def recording_norm(*args):
+        attention_pdl.append(args[3])
+        return real_norm(*args)
+
     monkeypatch.setattr(layers, "skinny_gemm", counting)
+    monkeypatch.setattr(llama, "DeferredNorm", recording_norm)
     model = hf_model_with_spread_norms(arch, tmp_path)
     prompts = random_prompts(model.config.vocab_size, seed=26, lengths=[2, 15, 33])
     want = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
     llm = _engine(tmp_path)
     runner_model = llm.engine.core.runner.model
     assert not runner_model.pdl_decode  # no sm_90 GPU here
-    assert runner_model.pdl_decode_pays  # a small, folded model
+    assert runner_model.pdl_decode_pays  # a folded model
+    assert runner_model.decode_chain == llama.decode_chain(model.config.hidden_size)
     runner_model.pdl_decode = True
+    runner_model.decode_chain = chain or runner_model.decode_chain
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
@@ -165,5 +189,8 @@ def test_pdl_decode_chain_matches_hf(arch, tmp_path, triton_kernels_on_cpu, monk
         (2 * cfg.intermediate_size, cfg.hidden_size),
         (cfg.hidden_size, cfg.intermediate_size),
     ]
-    assert shapes == per_layer * cfg.num_hidden_layers * (MAX_TOKENS - 1)
-    assert triton_kernels_on_cpu["deferred_layers"] == (MAX_TOKENS - 1) * cfg.num_hidden_layers
+    decode_layers = (MAX_TOKENS - 1) * cfg.num_hidden_layers  # decode-only steps of three rows
+    chained = chain is None or chain.max_rows >= 3
+    assert shapes == (per_layer * decode_layers if chained else [])
+    assert attention_pdl == [chained and (chain is None or chain.attention_pdl)] * decode_layers
+    assert triton_kernels_on_cpu["deferred_layers"] == decode_layers

@@ -60,7 +60,8 @@ def test_skinny_gemm_chosen_tile_and_max_rows(add):
 
 
 def test_skinny_tile_follows_the_sweep():
-    """qwen2.5-0.5b's four decode GEMMs on 132 SMs get the tiles the H100 sweep found best."""
+    """qwen2.5-0.5b's and llama-3.1-8b's four decode GEMMs on 132 SMs get the tiles the H100 sweeps found
+    best."""
     assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1, num_stages=4)
     assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1, num_stages=3)
     assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=4)
@@ -69,7 +70,14 @@ def test_skinny_tile_follows_the_sweep():
         assert skinny_tile(896, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)
         assert skinny_tile(896, 4864, 132, block_m) == skinny_tile(896, 4864, 132)  # down: the same shares
     assert skinny_tile(896, 4864, 132) == GemmTile(32, 256, 4, num_stages=4)
-    assert skinny_tile(4096, 4096, 132) == GemmTile(32, 256, 4, num_stages=4)  # shares of at least 1024
+    assert skinny_tile(4096, 8192, 132) == GemmTile(32, 256, 1, num_stages=4)  # 128 tiles fill the GPU
+    assert skinny_tile(896, 2048, 132) == GemmTile(32, 256, 2, num_stages=4)  # shares of at least 1024
+    # llama-3.1-8b: qkv, gate_up, o, down
+    assert skinny_tile(6144, 4096, 132) == GemmTile(32, 128, 1, num_stages=4)
+    assert skinny_tile(28672, 4096, 132) == GemmTile(64, 128, 1, num_stages=3)
+    for block_m in (32, 64):
+        assert skinny_tile(4096, 4096, 132, block_m) == GemmTile(32, 256, 1, num_stages=4)
+        assert skinny_tile(4096, 14336, 132, block_m) == GemmTile(32, 256, 1, num_stages=4)
 
 
 def test_default_tiles_fit_the_shared_memory():
