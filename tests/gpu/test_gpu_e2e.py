@@ -186,19 +186,26 @@ def test_batch_of_one_matches_hf_on_gpu(model_dir):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path):
+def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path, monkeypatch):
     """Batched decode-only steps skip the RMSNorm launches (norm weights folded, spread far from 1), eager
-    and as CUDA graphs, against HF in float32."""
+    and as CUDA graphs, against HF in float32: without the PDL chain, with the small models' chain, and with
+    the wide models' (attention outside PDL)."""
     model = hf_model_with_spread_norms(arch, tmp_path)
     prompts = random_prompts(model.config.vocab_size, seed=41)
     want = [hf_greedy(model, p, 12) for p in prompts]
+    own_chain = llama.decode_chain
+    wide = llama.DecodeChain(16, attention_pdl=False)
     for eager in (True, False):
-        for pdl in (True, False):
+        for pdl, chain in ((True, None), (True, wide), (False, None)):
+            monkeypatch.setattr(
+                llama, "decode_chain", (lambda hidden, chain=chain: chain) if chain else own_chain
+            )
             llm = fp32_triton_engine(str(tmp_path), eager, num_kv_blocks=512, max_num_seqs=16, pdl_decode=pdl)
             runner_model = llm.engine.core.runner.model
             assert runner_model.norms_folded
             assert runner_model.pdl_decode == (pdl and pdl_supported(torch.device("cuda")))
-            assert token_ids(llm, prompts) == want, f"eager={eager} pdl={pdl}"
+            assert runner_model.decode_chain == (chain or own_chain(model.config.hidden_size))
+            assert token_ids(llm, prompts) == want, f"eager={eager} pdl={pdl} chain={chain}"
             del llm, runner_model
             free_gpu()
 
