@@ -176,8 +176,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         "--pdl-decode",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="small models' decode steps as one programmatic-dependent-launch chain of Triton kernels, sm_90+ "
-        "(default on)",
+        help="decode steps as a programmatic-dependent-launch chain of Triton kernels, sm_90+ (default on, "
+        "where it applies: llama.decode_chain)",
     )
     engine.add_argument(
         "--prefill-key-splits",

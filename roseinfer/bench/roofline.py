@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pdl-decode",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="small models' decode steps as one PDL chain of Triton kernels (default on, where it applies)",
+        help="decode steps as a PDL chain of Triton kernels (default on, where it applies: llama.decode_chain)",
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--json", default=None)
