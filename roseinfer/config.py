@@ -220,9 +220,10 @@ class EngineConfig:
     # the kernels that read those linears' outputs apply 1 / rms (llama family without q/k norm, Triton
     # attention, bf16/fp32; fp16 is left alone, as un-normalised rows times weights may overflow it).
     fold_norms: bool = True
-    # Decode-only steps of small models (folded norms, hidden <= 1024, up to 64 rows, an sm_90+ GPU) run
-    # their GEMMs as Triton kernels that, with attention and SiLU, form one programmatic-dependent-launch
-    # chain: each launch overlaps the tail of the one before (kernels/pdl.py, kernels/skinny_gemm.py).
+    # Decode-only steps with folded norms on an sm_90+ GPU run their GEMMs as Triton kernels that, with SiLU
+    # and attention, form one programmatic-dependent-launch chain: each launch overlaps the tail of the one
+    # before (kernels/pdl.py, kernels/skinny_gemm.py). Small models (hidden <= 1024) chain steps of up to 64
+    # rows; wider ones up to 24, attention outside the chain (models/llama.decode_chain).
     pdl_decode: bool = True
     # Prefill attention may cut a short chunk's keys over a long cached prefix across programs
     # (kernels/prefill_plan.py; Triton attention).

@@ -48,7 +48,8 @@ def decode_chain(hidden_size: int) -> DecodeChain:
     - qwen2.5-0.5b (896), the whole chain: -4 to -10% a step at 8-64 rows.
     - llama-3.1-8b (4096), the whole chain: -5.5% at 8 rows, -0.9% at 16, but +4.4% at 24 and +5.4% at 32.
       With attention outside it: -3.6%, -3.4%, -1.1%, +1.0% at 8, 16, 24, 32 (and -2.8 / -2.9% at 8 / 16
-      rows with ctx 4k). So wide models chain up to 24 rows, attention outside."""
+      rows with ctx 4k). So wide models chain up to 24 rows, attention outside: as shipped, -3.1 to -3.5% at
+      2-16 rows. (Decode graphs pad 17-24 rows to 32 unless `max_num_seqs` is at most 24: `graph_batch_sizes`.)"""
     if hidden_size <= PDL_DECODE_MAX_HIDDEN:
         return DecodeChain(SKINNY_MAX_ROWS, attention_pdl=True)
     return DecodeChain(WIDE_CHAIN_MAX_ROWS, attention_pdl=False)
