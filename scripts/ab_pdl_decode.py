@@ -12,7 +12,8 @@ Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chai
 PDL: with `--kernels`, their own times, which PDL's overlap hides), and `pdl-no-attention`, `pdl-no-silu`,
 `pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N [--chain-attention]`
 replace the model width's own chain (`llama.decode_chain`) by one over steps of up to N rows, with decode
-attention in it or not.
+attention in it or not; `--programs-per-sm P` sets decode attention's split target (`paged_decode_split`) for
+every engine.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
-from roseinfer.kernels import activation, paged_decode_attention, skinny_gemm
+from roseinfer.kernels import activation, paged_decode_attention, paged_decode_split, skinny_gemm
 from roseinfer.kernels import pdl as pdl_launch
 from roseinfer.models import llama
 
@@ -125,7 +126,10 @@ def main() -> None:
     p.add_argument("--engines", default="pdl,plain", help=f"of {', '.join(sorted(ENGINES))}")
     p.add_argument("--chain-rows", type=int, help="chain decode steps of up to this many rows")
     p.add_argument("--chain-attention", action="store_true", help="with --chain-rows: attention in the chain")
+    p.add_argument("--programs-per-sm", type=int, help="decode attention's split target")
     args = p.parse_args()
+    if args.programs_per_sm is not None:
+        paged_decode_split.PROGRAMS_PER_SM = args.programs_per_sm
     if args.chain_rows is not None:
         chain = llama.DecodeChain(args.chain_rows, args.chain_attention)
         llama.decode_chain = lambda hidden_size: chain
