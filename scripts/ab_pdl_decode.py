@@ -10,9 +10,9 @@ tree; this puts both engines in one process on the same (dummy) weights and step
 
 Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chain's kernels, launched without
 PDL: with `--kernels`, their own times, which PDL's overlap hides), and `pdl-no-attention`, `pdl-no-silu`,
-`pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N [--chain-attention]`
-replace the model width's own chain (`llama.decode_chain`) by one over steps of up to N rows, with decode
-attention in it or not; `--programs-per-sm P` sets decode attention's split target (`paged_decode_split`) for
+`pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N
+[--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one over steps of up
+to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets decode attention's split target (`paged_decode_split`) for
 every engine.
 """
 
@@ -125,13 +125,13 @@ def main() -> None:
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--engines", default="pdl,plain", help=f"of {', '.join(sorted(ENGINES))}")
     p.add_argument("--chain-rows", type=int, help="chain decode steps of up to this many rows")
-    p.add_argument("--chain-attention", action="store_true", help="with --chain-rows: attention in the chain")
+    p.add_argument("--chain-attention-rows", type=int, default=0, help="with --chain-rows: attention's rows")
     p.add_argument("--programs-per-sm", type=int, help="decode attention's split target")
     args = p.parse_args()
     if args.programs_per_sm is not None:
         paged_decode_split.PROGRAMS_PER_SM = args.programs_per_sm
     if args.chain_rows is not None:
-        chain = llama.DecodeChain(args.chain_rows, args.chain_attention)
+        chain = llama.DecodeChain(args.chain_rows, args.chain_attention_rows)
         llama.decode_chain = lambda hidden_size: chain
     batches = [int(b) for b in args.batches.split(",")]
     names = args.engines.split(",")

@@ -27,32 +27,38 @@ from roseinfer.models.layers import (
 
 # Models up to this width run the whole decode chain (`decode_chain`).
 PDL_DECODE_MAX_HIDDEN = 1024
-# Wider models chain steps of up to this many rows, with decode attention outside the chain.
+# Wider models chain steps of up to this many rows, with decode attention in the chain at up to
+# WIDE_CHAIN_ATTENTION_MAX_ROWS rows and outside it above.
 WIDE_CHAIN_MAX_ROWS = 24
+WIDE_CHAIN_ATTENTION_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
 class DecodeChain:
     """How decode-only steps on the deferred-norm path (folded norms) run where `pdl_decode` is on: steps of up
     to `max_rows` rows run their GEMMs as the skinny Triton GEMM in one programmatic-dependent-launch chain
-    with SiLU, and with decode attention too if `attention_pdl` (else attention launches once the qkv GEMM
-    has finished, and the o GEMM once attention has)."""
+    with SiLU, and with decode attention too at up to `attention_max_rows` rows (above that, attention
+    launches once the qkv GEMM has finished, and the o GEMM once attention has)."""
 
     max_rows: int
-    attention_pdl: bool
+    attention_max_rows: int
+
+    def attention_joins(self, rows: int) -> bool:
+        return rows <= self.attention_max_rows
 
 
 def decode_chain(hidden_size: int) -> DecodeChain:
     """The chain for a model width, from H100 decode steps against torch's GEMMs (`scripts/ab_pdl_decode.py`,
     ctx 1k, PERFORMANCE.md twenty-sixth session):
     - qwen2.5-0.5b (896), the whole chain: -4 to -10% a step at 8-64 rows.
-    - llama-3.1-8b (4096), the whole chain: -5.5% at 8 rows, -0.9% at 16, but +4.4% at 24 and +5.4% at 32.
-      With attention outside it: -3.6%, -3.4%, -1.1%, +1.0% at 8, 16, 24, 32 (and -2.8 / -2.9% at 8 / 16
-      rows with ctx 4k). So wide models chain up to 24 rows, attention outside: as shipped, -3.1 to -3.5% at
-      2-16 rows. (Decode graphs pad 17-24 rows to 32 unless `max_num_seqs` is at most 24: `graph_batch_sizes`.)"""
+    - llama-3.1-8b (4096), the whole chain: -4.5%, -4.7%, -5.5% at 2, 4, 8 rows, -0.9% at 16, but +4.4% at 24
+      and +5.4% at 32. With attention outside it: -3.0%, -2.9%, -3.6%, -3.4%, -1.1%, +1.0% at 2, 4, 8, 16, 24,
+      32 (ctx 4k: attention in the chain still 0.7-1.2% faster at 4-8 rows; outside, 1.6% faster at 16). So wide
+      models chain up to 24 rows, attention in the chain up to 8. (Decode graphs pad 17-24 rows to 32 unless
+      `max_num_seqs` is at most 24: `graph_batch_sizes`.)"""
     if hidden_size <= PDL_DECODE_MAX_HIDDEN:
-        return DecodeChain(SKINNY_MAX_ROWS, attention_pdl=True)
-    return DecodeChain(WIDE_CHAIN_MAX_ROWS, attention_pdl=False)
+        return DecodeChain(SKINNY_MAX_ROWS, attention_max_rows=SKINNY_MAX_ROWS)
+    return DecodeChain(WIDE_CHAIN_MAX_ROWS, attention_max_rows=WIDE_CHAIN_ATTENTION_MAX_ROWS)
 
 
 class LlamaAttention(nn.Module):
@@ -94,10 +100,11 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention of `norm(x)` with the norm's weight folded into qkv_proj (`fold_norm_weights`): the qkv
         GEMM reads x itself, and the attention kernel finishes q/k/v (1 / rms of x, bias) as it loads them.
-        With a `chain`, the qkv GEMM (and attention, if the chain says so) joins it."""
+        With a `chain`, the qkv GEMM (and attention, if the chain takes it at x's rows) joins it."""
         qkv = project(x, self.qkv_proj.weight, pdl=chain is not None)
         q, k, v = self._split_heads(qkv)
-        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias, chain is not None and chain.attention_pdl)
+        attention_pdl = chain is not None and chain.attention_joins(x.shape[0])
+        unfinished = DeferredNorm(x, norm.eps, self.qkv_proj.bias, attention_pdl)
         return paged_attention(self.layer_idx, q, k, v, ctx, self.scale, positions, self.rotary, unfinished)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -189,12 +189,13 @@ def test_batch_of_one_matches_hf_on_gpu(model_dir):
 def test_decode_without_norm_launches_matches_hf_on_gpu(arch, tmp_path, monkeypatch):
     """Batched decode-only steps skip the RMSNorm launches (norm weights folded, spread far from 1), eager
     and as CUDA graphs, against HF in float32: without the PDL chain, with the small models' chain, and with
-    the wide models' (attention outside PDL)."""
+    the wide models' (9 rows, 16 in a graph: attention outside PDL)."""
     model = hf_model_with_spread_norms(arch, tmp_path)
     prompts = random_prompts(model.config.vocab_size, seed=41)
     want = [hf_greedy(model, p, 12) for p in prompts]
     own_chain = llama.decode_chain
-    wide = llama.DecodeChain(16, attention_pdl=False)
+    wide = own_chain(4096)
+    assert not wide.attention_joins(len(prompts)) and wide.max_rows >= 16
     for eager in (True, False):
         for pdl, chain in ((True, None), (True, wide), (False, None)):
             monkeypatch.setattr(

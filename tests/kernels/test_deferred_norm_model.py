@@ -132,17 +132,20 @@ def test_fold_norms_switched_off_and_qk_norm_models_unfolded(tmp_path, triton_ke
 
 def test_decode_chain_by_model_width():
     """Small models chain every decode step the skinny GEMM takes, attention included; wide ones (llama-3.1-8b)
-    chain up to 24 rows with attention outside (the H100 A/B in `decode_chain`'s docstring)."""
+    chain up to 24 rows, attention up to 8 (the H100 A/B in `decode_chain`'s docstring)."""
     from roseinfer.kernels.skinny_gemm import MAX_ROWS
 
-    assert llama.decode_chain(896) == llama.DecodeChain(MAX_ROWS, attention_pdl=True)
-    assert llama.decode_chain(llama.PDL_DECODE_MAX_HIDDEN) == llama.DecodeChain(MAX_ROWS, attention_pdl=True)
-    assert llama.decode_chain(4096) == llama.DecodeChain(24, attention_pdl=False)
+    small = llama.DecodeChain(MAX_ROWS, attention_max_rows=MAX_ROWS)
+    assert llama.decode_chain(896) == small
+    assert llama.decode_chain(llama.PDL_DECODE_MAX_HIDDEN) == small
+    wide = llama.decode_chain(4096)
+    assert wide == llama.DecodeChain(24, attention_max_rows=8)
+    assert [wide.attention_joins(rows) for rows in (1, 8, 9, 24)] == [True, True, False, False]
 
 
 @pytest.mark.parametrize(
     "chain",
-    [None, llama.DecodeChain(3, attention_pdl=False), llama.DecodeChain(2, attention_pdl=True)],
+    [None, llama.DecodeChain(3, attention_max_rows=2), llama.DecodeChain(2, attention_max_rows=2)],
     ids=["own", "attention-outside", "steps-too-wide"],
 )
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -192,5 +195,5 @@ def test_pdl_decode_chain_matches_hf(arch, chain, tmp_path, triton_kernels_on_cp
     decode_layers = (MAX_TOKENS - 1) * cfg.num_hidden_layers  # decode-only steps of three rows
     chained = chain is None or chain.max_rows >= 3
     assert shapes == (per_layer * decode_layers if chained else [])
-    assert attention_pdl == [chained and (chain is None or chain.attention_pdl)] * decode_layers
+    assert attention_pdl == [chained and (chain is None or chain.attention_joins(3))] * decode_layers
     assert triton_kernels_on_cpu["deferred_layers"] == decode_layers
