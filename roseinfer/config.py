@@ -223,7 +223,7 @@ class EngineConfig:
     # Decode-only steps with folded norms on an sm_90+ GPU run their GEMMs as Triton kernels that, with SiLU
     # and attention, form one programmatic-dependent-launch chain: each launch overlaps the tail of the one
     # before (kernels/pdl.py, kernels/skinny_gemm.py). Small models (hidden <= 1024) chain steps of up to 64
-    # rows; wider ones up to 24, attention outside the chain (models/llama.decode_chain).
+    # rows; wider ones up to 24, attention only up to 8 (models/llama.decode_chain).
     pdl_decode: bool = True
     # Prefill attention may cut a short chunk's keys over a long cached prefix across programs
     # (kernels/prefill_plan.py; Triton attention).

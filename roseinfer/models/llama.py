@@ -53,7 +53,7 @@ def decode_chain(hidden_size: int) -> DecodeChain:
     - qwen2.5-0.5b (896), the whole chain: -4 to -10% a step at 8-64 rows.
     - llama-3.1-8b (4096), the whole chain: -4.5%, -4.7%, -5.5% at 2, 4, 8 rows, -0.9% at 16, but +4.4% at 24
       and +5.4% at 32. With attention outside it: -3.0%, -2.9%, -3.6%, -3.4%, -1.1%, +1.0% at 2, 4, 8, 16, 24,
-      32 (ctx 4k: attention in the chain still 0.7-1.2% faster at 4-8 rows; outside, 1.6% faster at 16). So wide
+      32 (ctx 4k: attention in the chain still 0.4-1.2% faster at 4-8 rows; outside, 1.6% faster at 16). So wide
       models chain up to 24 rows, attention in the chain up to 8. (Decode graphs pad 17-24 rows to 32 unless
       `max_num_seqs` is at most 24: `graph_batch_sizes`.)"""
     if hidden_size <= PDL_DECODE_MAX_HIDDEN:
