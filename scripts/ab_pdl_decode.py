@@ -12,8 +12,8 @@ Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chai
 PDL: with `--kernels`, their own times, which PDL's overlap hides), and `pdl-no-attention`, `pdl-no-silu`,
 `pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N
 [--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one over steps of up
-to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets decode attention's split target (`paged_decode_split`) for
-every engine.
+to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets decode
+attention's split target (`paged_decode_split`) for every engine.
 """
 
 from __future__ import annotations
@@ -28,25 +28,27 @@ import torch
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kernels import activation, paged_decode_attention, paged_decode_split, skinny_gemm
-from roseinfer.kernels import pdl as pdl_launch
 from roseinfer.models import llama
 
-WITHOUT_PDL = {"nopdl": pdl_launch, "pdl-no-attention": paged_decode_attention, "pdl-no-silu": activation,
-               "pdl-no-gemm": skinny_gemm}  # fmt: skip
+# engine: the kernel modules whose launches it makes without PDL
+WITHOUT_PDL = {"nopdl": (paged_decode_attention, activation, skinny_gemm),
+               "pdl-no-attention": (paged_decode_attention,), "pdl-no-silu": (activation,),
+               "pdl-no-gemm": (skinny_gemm,)}  # fmt: skip
 ENGINES = {"pdl", "plain", *WITHOUT_PDL}
 
 
 def engine(shape: str, name: str, max_batch: int, context: int) -> LLM:
     blocks = max_batch * (-(-context // 16) + 1) + 16
     if name in WITHOUT_PDL:  # graphs are captured at start-up: launches made while patched keep no PDL
-        module = WITHOUT_PDL[name]
-        attr = "pdl_active" if module is pdl_launch else "pdl_kwargs"
-        saved = getattr(module, attr)
-        setattr(module, attr, (lambda pdl: False) if module is pdl_launch else (lambda pdl: {"PDL": False}))
+        modules = WITHOUT_PDL[name]
+        saved = [m.pdl_kwargs for m in modules]
+        for m in modules:
+            m.pdl_kwargs = lambda pdl: {"PDL": False}
         try:
             return engine(shape, "pdl", max_batch, context)
         finally:
-            setattr(module, attr, saved)
+            for m, kwargs in zip(modules, saved, strict=True):
+                m.pdl_kwargs = kwargs
     return LLM(
         shape,
         load_format="dummy",
