@@ -4,16 +4,20 @@
 tree; this puts both engines in one process on the same (dummy) weights and step, and times:
 - `replay`: the step's captured CUDA graph replayed back to back (GPU time only, CUDA events);
 - `run`: `DecodeGraphs.run` as the engine calls it (inputs staged and uploaded, then the replay);
-- with `--kernels`, device us per step by kernel (torch profiler, CUDA activity only).
+- with `--kernels`, device us per step by kernel (torch profiler, CUDA activity only);
+- with `--timeline`, each kernel of a layer in order: the us it adds to the step, its span, and how early it
+  started (PDL), medians over the layers.
 
     python scripts/ab_pdl_decode.py --model-shape qwen2.5-0.5b --batches 16,64 --context 1024
 
 Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chain's kernels, launched without
-PDL: with `--kernels`, their own times, which PDL's overlap hides), and `pdl-no-attention`, `pdl-no-silu`,
-`pdl-no-gemm` (the chain with that kind of kernel launched without PDL). `--chain-rows N
-[--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one over steps of up
-to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets decode
-attention's split target (`paged_decode_split`) for every engine.
+PDL: with `--kernels`, their own times, which PDL's overlap hides), `pdl-no-attention`, `pdl-no-silu`,
+`pdl-no-gemm` (the chain with that kind of kernel launched without PDL), and `pdl-exit`, `pdl-attention-exit`,
+`pdl-silu-exit`, `pdl-gemm-exit`, `pdl-attention-silu-exit` (PDL, but those kernels let the next launch only as
+their programs exit).
+`--chain-rows N [--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one
+over steps of up to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets
+decode attention's split target (`paged_decode_split`) for every engine.
 """
 
 from __future__ import annotations
@@ -28,22 +32,32 @@ import torch
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kernels import activation, paged_decode_attention, paged_decode_split, skinny_gemm
+from roseinfer.kernels.pdl import RELEASE_AT_EXIT, pdl_active
 from roseinfer.models import llama
 
-# engine: the kernel modules whose launches it makes without PDL
-WITHOUT_PDL = {"nopdl": (paged_decode_attention, activation, skinny_gemm),
-               "pdl-no-attention": (paged_decode_attention,), "pdl-no-silu": (activation,),
-               "pdl-no-gemm": (skinny_gemm,)}  # fmt: skip
-ENGINES = {"pdl", "plain", *WITHOUT_PDL}
+# engine: the kernel modules whose launches it makes without PDL, or (`-exit`) with PDL but letting the next
+# kernel launch only as each program exits
+ALL_MODULES = (paged_decode_attention, activation, skinny_gemm)
+PATCHED = {"nopdl": ALL_MODULES, "pdl-no-attention": (paged_decode_attention,), "pdl-no-silu": (activation,),
+           "pdl-no-gemm": (skinny_gemm,), "pdl-exit": ALL_MODULES,
+           "pdl-attention-exit": (paged_decode_attention,), "pdl-silu-exit": (activation,),
+           "pdl-gemm-exit": (skinny_gemm,), "pdl-attention-silu-exit": (paged_decode_attention, activation)}  # fmt: skip
+ENGINES = {"pdl", "plain", *PATCHED}
+
+
+def patched_kwargs(name: str):
+    if name.endswith("-exit"):
+        return lambda pdl: {"PDL": RELEASE_AT_EXIT, "launch_pdl": True} if pdl_active(pdl) else {"PDL": False}
+    return lambda pdl: {"PDL": False}
 
 
 def engine(shape: str, name: str, max_batch: int, context: int) -> LLM:
     blocks = max_batch * (-(-context // 16) + 1) + 16
-    if name in WITHOUT_PDL:  # graphs are captured at start-up: launches made while patched keep no PDL
-        modules = WITHOUT_PDL[name]
+    if name in PATCHED:  # graphs are captured at start-up: launches made while patched keep the patch
+        modules = PATCHED[name]
         saved = [m.pdl_kwargs for m in modules]
         for m in modules:
-            m.pdl_kwargs = lambda pdl: {"PDL": False}
+            m.pdl_kwargs = patched_kwargs(name)
         try:
             return engine(shape, "pdl", max_batch, context)
         finally:
@@ -125,6 +139,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--kernels", action="store_true")
+    p.add_argument("--timeline", action="store_true")
     p.add_argument("--engines", default="pdl,plain", help=f"of {', '.join(sorted(ENGINES))}")
     p.add_argument("--chain-rows", type=int, help="chain decode steps of up to this many rows")
     p.add_argument("--chain-attention-rows", type=int, default=0, help="with --chain-rows: attention's rows")
@@ -186,6 +201,11 @@ def main() -> None:
                 graph = g.graphs[batch][0]
                 rows, total = kernel_table(graph.replay, 20)
                 print_table(f"{name} b={batch}", rows, total, 16)
+        if args.timeline:
+            from probe_step_kernels import kernel_timeline, print_timeline
+
+            for name, g in graphs.items():
+                print_timeline(f"{name} b={batch}", *kernel_timeline(g.graphs[batch][0].replay, 10))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 
 import numpy as np
 import torch
@@ -64,11 +65,68 @@ def kernel_table(fn, iters: int) -> tuple[list[tuple[str, int, float]], float]:
     return rows, sum(totals.values()) / iters
 
 
+def kernel_timeline(
+    fn, iters: int, cycle_start: str = "_decode_kernel"
+) -> tuple[list[tuple[str, float, float, float]], float]:
+    """Each kernel of a step in stream order, labelled by name and its place after the last `cycle_start`
+    kernel (a decode layer starts over at its attention): [(label, us it adds to the step, us from its
+    first program to its last, us it started before its predecessor ended)], medians over the layers and
+    `iters` runs of `fn`; and a run's us from its first kernel's start to its last's end (median). Under PDL a
+    kernel starts early, so only the first column adds up to the step."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    events = sorted(
+        (ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda ev: ev.time_range.start,
+    )
+    per_run = len(events) // iters
+    run_us = [
+        events[i + per_run - 1].time_range.end - events[i].time_range.start
+        for i in range(0, per_run * iters, per_run)
+    ]
+    adds: dict[str, list[float]] = collections.defaultdict(list)
+    spans: dict[str, list[float]] = collections.defaultdict(list)
+    early: dict[str, list[float]] = collections.defaultdict(list)
+    place, prev_end = 0, None
+    for ev in events:
+        place = 0 if ev.name.startswith(cycle_start) else place + 1
+        label = f"{place:2d} {ev.name[:60]}"
+        start, end = ev.time_range.start, ev.time_range.end
+        spans[label].append(end - start)
+        if prev_end is not None and start - prev_end < 50:  # not after an idle gap
+            adds[label].append(end - prev_end)
+            early[label].append(prev_end - start)
+        prev_end = end if prev_end is None else max(prev_end, end)
+    med = statistics.median
+    rows = [
+        (
+            label,
+            med(adds[label]) if adds[label] else 0.0,
+            med(spans[label]),
+            med(early[label]) if early[label] else 0.0,
+        )
+        for label in sorted(spans, key=lambda k: (int(k[:2]), k))
+    ]
+    return rows, med(run_us)
+
+
 def print_table(title: str, rows: list[tuple[str, int, float]], total_us: float, top: int) -> None:
     print(f"\n## {title}: {total_us:.0f} us of kernels per step")
     print(f"{'us/step':>9} {'share':>6} {'n':>5}  kernel")
     for name, n, us in rows[:top]:
         print(f"{us:9.1f} {100 * us / total_us:5.1f}% {n:5d}  {name[:110]}")
+
+
+def print_timeline(title: str, rows: list[tuple[str, float, float, float]], run_us: float) -> None:
+    print(f"\n## {title}: {run_us:.0f} us from a step's first kernel start to its last kernel end")
+    print(f"{'adds us':>8} {'span us':>8} {'early us':>8}  place, kernel")
+    for label, adds, span, early in rows:
+        print(f"{adds:8.2f} {span:8.2f} {early:8.2f}  {label}")
 
 
 @torch.inference_mode()

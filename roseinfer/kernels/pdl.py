@@ -20,6 +20,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from roseinfer.kernels._common import is_interpret
 
+# `PDL` as this value: wait as usual, but let the next kernel launch only as each program exits (a probe's
+# setting, `scripts/ab_pdl_decode.py`: do waiting dependents slow the kernels they wait on?).
+RELEASE_AT_EXIT = 2
+
 
 @triton.jit
 def wait_for_producer(PDL: tl.constexpr):
@@ -27,7 +31,8 @@ def wait_for_producer(PDL: tl.constexpr):
     kernel launch. Nothing at all without PDL."""
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if PDL != 2:  # RELEASE_AT_EXIT (a jit function reads no plain globals)
+            gdc_launch_dependents()
 
 
 def pdl_active(pdl: bool) -> bool:
