@@ -17,17 +17,21 @@ PDL: with `--kernels`, their own times, which PDL's overlap hides), `pdl-no-atte
 their programs exit).
 `--chain-rows N [--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one
 over steps of up to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets
-decode attention's split target (`paged_decode_split`) for every engine.
+decode attention's split target (`paged_decode_split`) for every engine. An engine name may end in modifiers of
+the chain's GEMM tiles: `+spread` gives GEMMs whose grid fits one program an SM enough pipeline stages that no
+two programs share an SM; `+NxK[@BM]=bn/bk/split/stages` fixes the tile of the N x K weight (at BM padded rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 import numpy as np
 import torch
+import triton
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
@@ -51,8 +55,52 @@ def patched_kwargs(name: str):
     return lambda pdl: {"PDL": False}
 
 
+HALF_AN_SM_SMEM = 116 * 1024  # an H100 SM has 228 KiB of shared memory, 1 KiB of it reserved a program
+
+
+def spread_tile(tile_rule):
+    """`tile_rule` with enough pipeline stages that two programs cannot share an SM, where the grid fits one
+    program an SM: does co-residency of a GEMM's programs (placed while the kernel before still runs) slow it?"""
+
+    def rule(n: int, k: int, sms: int, block_m: int = skinny_gemm.MAX_ROWS) -> skinny_gemm.GemmTile:
+        tile = tile_rule(n, k, sms, block_m)
+        if triton.cdiv(n, tile.block_n) * tile.split > sms:
+            return tile
+        stage_bytes = (block_m + tile.block_n) * tile.block_k * 2  # bf16; Triton keeps stages - 1 buffers
+        stages = max(tile.num_stages, HALF_AN_SM_SMEM // stage_bytes + 2)
+        return dataclasses.replace(tile, num_stages=stages) if stages <= 12 else tile
+
+    return rule
+
+
+def fixed_tile(tile_rule, spec: str):
+    """`tile_rule`, but `spec` = `NxK[@BLOCK_M]=block_n/block_k/split/stages` for that weight (and padded rows)."""
+    shape, tile = spec.split("=")
+    shape, _, rows = shape.partition("@")
+    n0, k0 = (int(v) for v in shape.split("x"))
+    block_n, block_k, split, stages = (int(v) for v in tile.split("/"))
+    fixed = skinny_gemm.GemmTile(block_n, block_k, split, num_stages=stages)
+
+    def rule(n: int, k: int, sms: int, block_m: int = skinny_gemm.MAX_ROWS) -> skinny_gemm.GemmTile:
+        if (n, k) == (n0, k0) and (not rows or block_m == int(rows)):
+            return fixed
+        return tile_rule(n, k, sms, block_m)
+
+    return rule
+
+
 def engine(shape: str, name: str, max_batch: int, context: int) -> LLM:
     blocks = max_batch * (-(-context // 16) + 1) + 16
+    if "+" in name:  # tiles are chosen as the graphs are captured, at start-up
+        name, modifier = name.rsplit("+", 1)
+        rule = skinny_gemm.skinny_tile
+        skinny_gemm.skinny_tile = spread_tile(rule) if modifier == "spread" else fixed_tile(rule, modifier)
+        skinny_gemm._default_tile.cache_clear()
+        try:
+            return engine(shape, name, max_batch, context)
+        finally:
+            skinny_gemm.skinny_tile = rule
+            skinny_gemm._default_tile.cache_clear()
     if name in PATCHED:  # graphs are captured at start-up: launches made while patched keep the patch
         modules = PATCHED[name]
         saved = [m.pdl_kwargs for m in modules]
@@ -140,7 +188,12 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--kernels", action="store_true")
     p.add_argument("--timeline", action="store_true")
-    p.add_argument("--engines", default="pdl,plain", help=f"of {', '.join(sorted(ENGINES))}")
+    p.add_argument("--no-host", action="store_true", help="skip the host-side timings")
+    p.add_argument(
+        "--engines",
+        default="pdl,plain",
+        help=f"of {', '.join(sorted(ENGINES))}, each with +spread or +NxK[@BM]=bn/bk/split/stages (repeatable)",
+    )
     p.add_argument("--chain-rows", type=int, help="chain decode steps of up to this many rows")
     p.add_argument("--chain-attention-rows", type=int, default=0, help="with --chain-rows: attention's rows")
     p.add_argument("--programs-per-sm", type=int, help="decode attention's split target")
@@ -152,7 +205,7 @@ def main() -> None:
         llama.decode_chain = lambda hidden_size: chain
     batches = [int(b) for b in args.batches.split(",")]
     names = args.engines.split(",")
-    if not set(names) <= ENGINES:
+    if not {n.split("+")[0] for n in names} <= ENGINES:
         p.error(f"--engines takes {', '.join(sorted(ENGINES))}, got {args.engines!r}")
     engines = {}
     for name in names:
@@ -186,11 +239,11 @@ def main() -> None:
                 + " ".join(f"{x:.0f}" for x in r["replay"])
             )
         print(f"      logits max difference between the engines {diff:.3g}")
-        for name, g in graphs.items():
+        for name, g in graphs.items() if not args.no_host else ():
             replay = statistics.median(host_us(g.graphs[batch][0].replay, 20) for _ in range(5))
             run = statistics.median(host_us(lambda g=g, step=step: g.run(step, None), 20) for _ in range(5))
             print(f"      host us a call, {name}: graph.replay {replay:.1f}, DecodeGraphs.run {run:.1f}")
-        for name, g in graphs.items():
+        for name, g in graphs.items() if not args.no_host else ():
             idle = statistics.median(cpu_work_ms(None, vocab) for _ in range(5))
             busy = statistics.median(cpu_work_ms(g.graphs[batch][0], vocab) for _ in range(5))
             print(f"      host work ms, {name}: device idle {idle:.2f}, device replaying {busy:.2f}")

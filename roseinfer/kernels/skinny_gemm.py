@@ -53,18 +53,35 @@ def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
       share of 256-deep steps (25-30% and 14-25% faster than four and eight shares: 128 column tiles already
       fill the GPU).
     So: an output wider than K takes no split, and 64 columns where that still makes two waves of programs;
-    any other cuts K into shares of at least 1024, as many as it takes to give every SM a program."""
+    any other cuts K into shares of at least 1024, as many as it takes to give every SM a program. At 64 rows
+    short shares of K then take deeper pipelines (`_deep_pipeline`)."""
     tiles = triton.cdiv(n, 32)
     deep = k >= 2048
     if n > k:
         if tiles < sms // 2:  # narrow: 16-column tiles to fill the GPU
-            return GemmTile(16, 128, 1, num_stages=4)
-        if triton.cdiv(n, 64) >= 2 * sms:
-            return GemmTile(64, 128, 1, num_stages=3)
-        return GemmTile(32, 128, 1, num_stages=4 if deep else 3)
-    split = max(1, min(MAX_SPLIT, k // 1024, sms // tiles))
-    block_n = 16 if split == 1 and block_m <= 32 and tiles < sms // 2 else 32
-    return GemmTile(block_n, 256 if k // split >= 1024 else 128, split, num_stages=4)
+            tile = GemmTile(16, 128, 1, num_stages=4)
+        elif triton.cdiv(n, 64) >= 2 * sms:
+            tile = GemmTile(64, 128, 1, num_stages=3)
+        else:
+            tile = GemmTile(32, 128, 1, num_stages=4 if deep else 3)
+    else:
+        split = max(1, min(MAX_SPLIT, k // 1024, sms // tiles))
+        block_n = 16 if split == 1 and block_m <= 32 and tiles < sms // 2 else 32
+        tile = GemmTile(block_n, 256 if k // split >= 1024 else 128, split, num_stages=4)
+    return _deep_pipeline(tile, n, k, block_m)
+
+
+def _deep_pipeline(tile: GemmTile, n: int, k: int, block_m: int) -> GemmTile:
+    """At 64 rows, shares of K under 2048 (qwen2.5-0.5b's four GEMMs) take 5-6 stages of shallower K steps.
+    The isolated sweep stopped at 4 stages; inside the PDL chain, where each launch's programs are placed while
+    the kernel before still runs, these took qwen2.5-0.5b's b=64 step from 1,219 to 1,183 us
+    (`ab_pdl_decode.py` with tile modifiers, PERFORMANCE.md, twenty-seventh session). At 16-32 rows they were
+    0-1.5% slower, and llama-3.1-8b's K is too long for the rule."""
+    if block_m < MAX_ROWS or k // tile.split >= 2048:
+        return tile
+    if n > k:  # qkv and gate_up: 64-deep steps
+        return replace(tile, block_k=64, num_stages=6 if tile.block_n == 16 else 5)
+    return replace(tile, block_k=128, num_stages=5)  # o and down
 
 
 def padded_rows(m: int) -> int:

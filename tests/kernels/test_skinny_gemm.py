@@ -56,26 +56,31 @@ def test_skinny_gemm_matches_fp32_product(m, n, k, dtype, tile, add):
 @pytest.mark.parametrize("add", [False, True], ids=["store", "add"])
 def test_skinny_gemm_chosen_tile_and_max_rows(add):
     _check(MAX_ROWS, 40, 200, torch.float32, None, add)  # n < k: split-K with the chosen tile
+    _check(MAX_ROWS, 200, 96, torch.float32, None, add)  # n > k: 64-deep K steps, the last one masked
     _check(3, 300, 64, torch.float32, None, add)
 
 
 def test_skinny_tile_follows_the_sweep():
     """qwen2.5-0.5b's and llama-3.1-8b's four decode GEMMs on 132 SMs get the tiles the H100 sweeps found
-    best."""
-    assert skinny_tile(1152, 896, 132) == GemmTile(16, 128, 1, num_stages=4)
-    assert skinny_tile(9728, 896, 132) == GemmTile(32, 128, 1, num_stages=3)
-    assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=4)
+    best: at 16-32 rows the isolated sweeps', at 64 rows (the default) qwen's deeper pipelines measured in the
+    chain."""
     assert [padded_rows(m) for m in (1, 8, 16, 17, 32, 33, 64)] == [16, 16, 16, 32, 32, 64, 64]
-    for block_m in (16, 32):  # o at 8-32 rows: 16 columns
-        assert skinny_tile(896, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)
-        assert skinny_tile(896, 4864, 132, block_m) == skinny_tile(896, 4864, 132)  # down: the same shares
-    assert skinny_tile(896, 4864, 132) == GemmTile(32, 256, 4, num_stages=4)
+    for block_m in (16, 32):
+        assert skinny_tile(1152, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)
+        assert skinny_tile(9728, 896, 132, block_m) == GemmTile(32, 128, 1, num_stages=3)
+        assert skinny_tile(896, 896, 132, block_m) == GemmTile(16, 128, 1, num_stages=4)  # o: 16 columns
+        assert skinny_tile(896, 4864, 132, block_m) == GemmTile(32, 256, 4, num_stages=4)
+    # At 64 rows, shares of K under 2048: 64-deep steps for qkv and gate_up, 128-deep for o and down
+    assert skinny_tile(1152, 896, 132) == GemmTile(16, 64, 1, num_stages=6)
+    assert skinny_tile(9728, 896, 132) == GemmTile(32, 64, 1, num_stages=5)
+    assert skinny_tile(896, 896, 132) == GemmTile(32, 128, 1, num_stages=5)
+    assert skinny_tile(896, 4864, 132) == GemmTile(32, 128, 4, num_stages=5)
+    assert skinny_tile(896, 2048, 132, 32) == GemmTile(32, 256, 2, num_stages=4)  # shares of at least 1024
     assert skinny_tile(4096, 8192, 132) == GemmTile(32, 256, 1, num_stages=4)  # 128 tiles fill the GPU
-    assert skinny_tile(896, 2048, 132) == GemmTile(32, 256, 2, num_stages=4)  # shares of at least 1024
-    # llama-3.1-8b: qkv, gate_up, o, down
-    assert skinny_tile(6144, 4096, 132) == GemmTile(32, 128, 1, num_stages=4)
-    assert skinny_tile(28672, 4096, 132) == GemmTile(64, 128, 1, num_stages=3)
+    # llama-3.1-8b: qkv, gate_up, o, down (K too long for the 64-row pipelines)
     for block_m in (32, 64):
+        assert skinny_tile(6144, 4096, 132, block_m) == GemmTile(32, 128, 1, num_stages=4)
+        assert skinny_tile(28672, 4096, 132, block_m) == GemmTile(64, 128, 1, num_stages=3)
         assert skinny_tile(4096, 4096, 132, block_m) == GemmTile(32, 256, 1, num_stages=4)
         assert skinny_tile(4096, 14336, 132, block_m) == GemmTile(32, 256, 1, num_stages=4)
 
@@ -86,7 +91,7 @@ def test_default_tiles_fit_the_shared_memory():
     from roseinfer.kernels.skinny_gemm import fit_shared_memory
 
     h100 = 232_448
-    down = skinny_tile(896, 4864, 132)
+    down = skinny_tile(896, 4864, 132, 32)
     assert fit_shared_memory(down, 64, 2, h100) == down  # 4 x (64 + 32) x 256 x 2 B = 192 KiB
     fp32_down = replace(down, block_k=128, num_stages=3)  # 3 x (64 + 32) x 128 x 4 B = 144 KiB
     assert fit_shared_memory(down, 64, 4, h100) == fp32_down
@@ -94,6 +99,9 @@ def test_default_tiles_fit_the_shared_memory():
     assert fit_shared_memory(down, 64, 4, None) == down  # no cap off CUDA
     tiny = fit_shared_memory(down, 64, 4, 1)  # nothing fits: the smallest pipeline, not an endless loop
     assert (tiny.block_k, tiny.num_stages) == (32, 1)
+    deep = skinny_tile(896, 4864, 132)  # 5 x (64 + 32) x 128 x 2 B = 120 KiB; fp32 drops a stage
+    assert fit_shared_memory(deep, 64, 2, h100) == deep
+    assert fit_shared_memory(deep, 64, 4, h100) == replace(deep, num_stages=4)
 
 
 def test_skinny_gemm_rejects_bad_input():
