@@ -46,8 +46,8 @@ def w1_prefill_step(
     )
 
 
-def kernel_table(fn, iters: int) -> tuple[list[tuple[str, int, float]], float]:
-    """([(kernel, launches per step, us per step)], kernel us per step) over `iters` runs of `fn`."""
+def cuda_events(fn, iters: int) -> list:
+    """The device events of `iters` runs of `fn` (after 3 warm-up runs), under the torch profiler."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -55,12 +55,16 @@ def kernel_table(fn, iters: int) -> tuple[list[tuple[str, int, float]], float]:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
+    return [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_table(fn, iters: int) -> tuple[list[tuple[str, int, float]], float]:
+    """([(kernel, launches per step, us per step)], kernel us per step) over `iters` runs of `fn`."""
     totals: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.Counter()
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            totals[ev.name] += ev.device_time
-            counts[ev.name] += 1
+    for ev in cuda_events(fn, iters):
+        totals[ev.name] += ev.device_time
+        counts[ev.name] += 1
     rows = sorted(((n, counts[n] // iters, t / iters) for n, t in totals.items()), key=lambda r: -r[2])
     return rows, sum(totals.values()) / iters
 
@@ -73,17 +77,7 @@ def kernel_timeline(
     first program to its last, us it started before its predecessor ended)], medians over the layers and
     `iters` runs of `fn`; and a run's us from its first kernel's start to its last's end (median). Under PDL a
     kernel starts early, so only the first column adds up to the step."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    events = sorted(
-        (ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda ev: ev.time_range.start,
-    )
+    events = sorted(cuda_events(fn, iters), key=lambda ev: ev.time_range.start)
     per_run = len(events) // iters
     run_us = [
         events[i + per_run - 1].time_range.end - events[i].time_range.start
