@@ -74,9 +74,9 @@ def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
 def _deep_pipeline(tile: GemmTile, n: int, k: int, block_m: int) -> GemmTile:
     """At 64 rows, shares of K under 2048 (qwen2.5-0.5b's four GEMMs) take 5-6 stages of shallower K steps.
     The isolated sweep stopped at 4 stages; inside the PDL chain, where each launch's programs are placed while
-    the kernel before still runs, these took qwen2.5-0.5b's b=64 step from 1,219 to 1,183 us
-    (`ab_pdl_decode.py` with tile modifiers, PERFORMANCE.md, twenty-seventh session). At 16-32 rows they were
-    0-1.5% slower, and llama-3.1-8b's K is too long for the rule."""
+    the kernel before still runs, these took qwen2.5-0.5b's b=64 step from 1,220 to 1,191 us (H100, each tree
+    in its own process; `ab_pdl_decode.py` with tile modifiers, PERFORMANCE.md, twenty-seventh session). At
+    16-32 rows they were 0-1.5% slower, and llama-3.1-8b's K is too long for the rule."""
     if block_m < MAX_ROWS or k // tile.split >= 2048:
         return tile
     if n > k:  # qkv and gate_up: 64-deep steps
