@@ -66,7 +66,8 @@ def spread_tile(tile_rule):
         tile = tile_rule(n, k, sms, block_m)
         if triton.cdiv(n, tile.block_n) * tile.split > sms:
             return tile
-        stage_bytes = (block_m + tile.block_n) * tile.block_k * 2  # bf16; Triton keeps stages - 1 buffers
+        # bf16; Triton's pipeline held stages - 1 buffers in the compiled kernels checked (16-32 rows)
+        stage_bytes = (block_m + tile.block_n) * tile.block_k * 2
         stages = max(tile.num_stages, HALF_AN_SM_SMEM // stage_bytes + 2)
         return dataclasses.replace(tile, num_stages=stages) if stages <= 12 else tile
 
@@ -178,6 +179,17 @@ def run_us(fn, n: int) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
+def print_host_times(graphs: dict, batch: int, step, vocab: int) -> None:
+    for name, g in graphs.items():
+        replay = statistics.median(host_us(g.graphs[batch][0].replay, 20) for _ in range(5))
+        run = statistics.median(host_us(lambda g=g, step=step: g.run(step, None), 20) for _ in range(5))
+        print(f"      host us a call, {name}: graph.replay {replay:.1f}, DecodeGraphs.run {run:.1f}")
+    for name, g in graphs.items():
+        idle = statistics.median(cpu_work_ms(None, vocab) for _ in range(5))
+        busy = statistics.median(cpu_work_ms(g.graphs[batch][0], vocab) for _ in range(5))
+        print(f"      host work ms, {name}: device idle {idle:.2f}, device replaying {busy:.2f}")
+
+
 @torch.inference_mode()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -239,14 +251,8 @@ def main() -> None:
                 + " ".join(f"{x:.0f}" for x in r["replay"])
             )
         print(f"      logits max difference between the engines {diff:.3g}")
-        for name, g in graphs.items() if not args.no_host else ():
-            replay = statistics.median(host_us(g.graphs[batch][0].replay, 20) for _ in range(5))
-            run = statistics.median(host_us(lambda g=g, step=step: g.run(step, None), 20) for _ in range(5))
-            print(f"      host us a call, {name}: graph.replay {replay:.1f}, DecodeGraphs.run {run:.1f}")
-        for name, g in graphs.items() if not args.no_host else ():
-            idle = statistics.median(cpu_work_ms(None, vocab) for _ in range(5))
-            busy = statistics.median(cpu_work_ms(g.graphs[batch][0], vocab) for _ in range(5))
-            print(f"      host work ms, {name}: device idle {idle:.2f}, device replaying {busy:.2f}")
+        if not args.no_host:
+            print_host_times(graphs, batch, step, vocab)
         if args.kernels:
             from probe_step_kernels import kernel_table, print_table
 
