@@ -56,14 +56,14 @@ def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
     any other cuts K into shares of at least 1024, as many as it takes to give every SM a program. At 64 rows
     short shares of K then take deeper pipelines (`_deep_pipeline`)."""
     tiles = triton.cdiv(n, 32)
-    deep = k >= 2048
+    long_k = k >= 2048
     if n > k:
         if tiles < sms // 2:  # narrow: 16-column tiles to fill the GPU
             tile = GemmTile(16, 128, 1, num_stages=4)
         elif triton.cdiv(n, 64) >= 2 * sms:
             tile = GemmTile(64, 128, 1, num_stages=3)
         else:
-            tile = GemmTile(32, 128, 1, num_stages=4 if deep else 3)
+            tile = GemmTile(32, 128, 1, num_stages=4 if long_k else 3)
     else:
         split = max(1, min(MAX_SPLIT, k // 1024, sms // tiles))
         block_n = 16 if split == 1 and block_m <= 32 and tiles < sms // 2 else 32
