@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -24,10 +26,13 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    wait_for_producer(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -36,7 +41,6 @@ def _rmsnorm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
     y = (xf * tl.rsqrt(var + eps)).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
 
 
@@ -72,9 +76,14 @@ def row_chunk(n_cols: int) -> int:
 
 
 def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """`out = weight * norm(x + residual)`; when `residual` is given it is updated in place to `x + residual`.
+    `pdl`: launch with programmatic dependent launch (`kernels/pdl.py`), as a link of the decode chain.
 
     x, residual: [N, H] with a contiguous last dim; returns a new [N, H] tensor.
     """
@@ -98,6 +107,7 @@ def rmsnorm(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
+        **pdl_kwargs(pdl),
         num_warps=min(16, max(1, block // 256)),
     )
     return out

@@ -2,7 +2,7 @@
 
 Row r draws `argmax(logits[r] / T[r] + G)` with G ~ Gumbel(0, 1) i.i.d. per token, which samples from
 `softmax(logits[r] / T[r])`; a row with T = 0 takes the plain argmax. The Gumbel noise comes from
-Philox (`tl.rand`) keyed by the row's seed, so a row's draw depends only on its seed and its logits.
+Philox keyed by the row's seed (`gumbel_block`), so a row's draw depends only on its seed and its logits.
 The first launch reduces chunks of each row to (best score, its index), the second picks each row's best
 chunk; ties go to the lowest token id, as `torch.argmax`. The torch path in `runner/sampler.py` stays the
 reference and serves top-k / top-p / min-p.
@@ -20,8 +20,15 @@ BLOCK_V = 4096  # tokens per chunk: each program reads 8 KiB of bf16 logits
 
 
 @triton.jit
-def _gumbel(seed, cols):
-    u = tl.rand(seed, cols)  # [0, 1)
+def gumbel_block(seed, first_col, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Gumbel(0, 1) noise [BLOCK_M, BLOCK_N] for columns [first_col, +BLOCK_N) (first_col a multiple of 4) of
+    rows keyed by `seed` (a scalar or [BLOCK_M, 1]). Column 4j + q takes the q-th of the four words Philox
+    gives for counter j: one Philox call serves four columns."""
+    j = first_col // 4 + tl.arange(0, BLOCK_N // 4)
+    r0, r1, r2, r3 = tl.randint4x(seed, tl.zeros((BLOCK_M, 1), dtype=tl.int32) + j[None, :])
+    # [m, j, p, q] is column 4j + 2p + q
+    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK_M, BLOCK_N))
+    u = tl.random.uint_to_uniform_float(r)  # [0, 1)
     return -tl.log(-tl.log(tl.maximum(u, 1e-20)))
 
 
@@ -47,7 +54,8 @@ def _chunk_kernel(
     if not GREEDY_ONLY:
         t = tl.load(temp_ptr + row)
         if t > 0.0:
-            score = score / t + _gumbel(tl.load(seed_ptr + row), cols)
+            noise = gumbel_block(tl.load(seed_ptr + row), chunk * BLOCK, 1, BLOCK)
+            score = score / t + tl.reshape(noise, (BLOCK,))
     score = tl.where(mask, score, float("-inf"))
     best = tl.max(score, axis=0)
     index = tl.argmax(score, axis=0)  # the first of equal maxima
@@ -81,7 +89,7 @@ def sample_tokens(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    block = min(256 if is_interpret() else BLOCK_V, triton.next_power_of_2(vocab))
+    block = min(256 if is_interpret() else BLOCK_V, max(4, triton.next_power_of_2(vocab)))
     num_chunks = triton.cdiv(vocab, block)
     best = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=logits.device)
@@ -106,8 +114,9 @@ def sample_tokens(
 @triton.jit
 def _noise_kernel(seed_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    g = _gumbel(tl.load(seed_ptr + row), cols)
+    first = tl.program_id(1) * BLOCK
+    cols = first + tl.arange(0, BLOCK)
+    g = tl.reshape(gumbel_block(tl.load(seed_ptr + row), first, 1, BLOCK), (BLOCK,))
     tl.store(out_ptr + row.to(tl.int64) * vocab + cols, g, mask=cols < vocab)
 
 

@@ -79,13 +79,14 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, pdl: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`pdl`: the Triton kernel joins a programmatic-dependent-launch chain (`kernels/pdl.py`)."""
         if fused_kernels_for(x):
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
             if residual is None:
-                return _rms.rmsnorm(x2, self.weight, self.eps).view(shape)
+                return _rms.rmsnorm(x2, self.weight, self.eps, pdl=pdl).view(shape)
             out = _rms.rmsnorm(x2, self.weight, self.eps, residual)  # residual becomes x + residual
             return out.view(shape), residual
         if residual is None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from roseinfer.config import ModelConfig
 from roseinfer.kernels.decode_new_token import DeferredNorm
+from roseinfer.kernels.logits_sample import logits_and_sample
 from roseinfer.kernels.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from roseinfer.models.layers import (
     ForwardContext,
@@ -223,7 +224,7 @@ class LlamaModel(nn.Module):
         if deferred_norm:
             for layer in self.layers:  # x is the residual stream, updated in place
                 layer.forward_deferred_norm(x, positions, ctx, chain)
-            return self.norm(x)
+            return self.norm(x, pdl=chain is not None)
         residual = None
         for layer in self.layers:
             x, residual = layer(x, residual, positions, ctx)
@@ -263,16 +264,41 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self._gemv_for(input_ids):
             return self.model(input_ids, positions, ctx, one_token_gemv=True)
-        deferred = (
+        deferred = self._deferred_norm_for(input_ids, ctx)
+        return self.model(
+            input_ids, positions, ctx, deferred_norm=deferred, chain=self._chain_for(input_ids, deferred)
+        )
+
+    def forward_sample(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: ForwardContext,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        tokens: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Every row's logits, each row's token drawn into `tokens` as `kernels/sampling.sample_tokens` draws it,
+        where the step runs the decode chain: the lm_head and the sampler join it
+        (`kernels/logits_sample.py`). None, with nothing run, for any other step."""
+        deferred = not self._gemv_for(input_ids) and self._deferred_norm_for(input_ids, ctx)
+        chain = self._chain_for(input_ids, deferred)
+        if chain is None:
+            return None
+        hidden = self.model(input_ids, positions, ctx, deferred_norm=True, chain=chain)
+        return logits_and_sample(hidden, self.lm_head.weight, temperature, seeds, tokens, pdl=True)
+
+    def _deferred_norm_for(self, input_ids: torch.Tensor, ctx: ForwardContext) -> bool:
+        return (
             self.norms_folded
             and ctx.meta.is_decode_only
             and ctx.backend.deferred_norm_pays(input_ids.shape[0], self.cfg.head_dim)
             and fused_kernels_for(input_ids)
         )
+
+    def _chain_for(self, input_ids: torch.Tensor, deferred: bool) -> DecodeChain | None:
         chained = deferred and self.pdl_decode and input_ids.shape[0] <= self.decode_chain.max_rows
-        return self.model(
-            input_ids, positions, ctx, deferred_norm=deferred, chain=self.decode_chain if chained else None
-        )
+        return self.decode_chain if chained else None
 
     @property
     def pdl_decode_pays(self) -> bool:

@@ -38,7 +38,11 @@ ROWS = (
 SEEDS_ROW = len(ROWS)
 NUM_ROWS = len(ROWS) + 2
 
-Sampler = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (ids, positions, meta, temperature, seeds, tokens) -> every row's logits [G, V], each row's token drawn into
+# `tokens` (greedy where its temperature is 0, else a Gumbel-max draw keyed by its seed)
+ForwardSample = Callable[
+    [torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -115,15 +119,13 @@ class HostInputs:
 class DecodeGraphs:
     def __init__(
         self,
-        forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
+        forward_sample: ForwardSample,
         device: torch.device,
         max_batch: int,
         max_blocks_per_seq: int,
         block_size: int,
-        sampler: Sampler = sample_rows,
     ) -> None:
-        self.forward = forward  # (ids, positions, meta) -> logits [G, V]
-        self.sampler = sampler
+        self.forward_sample = forward_sample
         self.device = device
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]
@@ -167,9 +169,14 @@ class DecodeGraphs:
     def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
         """What a graph of `size` rows runs: fill the pending ids, forward, sample; returns the logits."""
         self.ids[self.fill_index[:size].long()] = self.tokens[self.fill_row[:size].long()]
-        logits = self.forward(self.ids[:size], self.positions[:size], meta)
-        self.tokens[:size].copy_(self.sampler(logits, self.temperature[:size], self.seeds[:size]))
-        return logits
+        return self.forward_sample(
+            self.ids[:size],
+            self.positions[:size],
+            meta,
+            self.temperature[:size],
+            self.seeds[:size],
+            self.tokens[:size],
+        )
 
     def capture(self) -> None:
         self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device)

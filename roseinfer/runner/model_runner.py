@@ -17,7 +17,7 @@ from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
 from roseinfer.request import Request
-from roseinfer.runner.cuda_graphs import DecodeGraphs
+from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
 from roseinfer.runner.sampler import SamplingBatch, sample
@@ -175,12 +175,25 @@ class ModelRunner:
         )
         return ids, positions, meta
 
-    def _forward_logits(
-        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    def _forward_sample(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        temperature: torch.Tensor,
+        seeds: torch.Tensor,
+        tokens: torch.Tensor,
     ) -> torch.Tensor:
-        """Every row's logits (used by the decode graphs, where every row samples)."""
-        hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
-        return self.model.compute_logits(hidden)
+        """Every row's logits, each row's token drawn into `tokens` (the decode graphs' body, where every row
+        samples): in the model's decode chain where it has one (`forward_sample`), else the lm_head, then
+        `sample_rows`."""
+        ctx = ForwardContext(self.kv_cache, meta, self.backend)
+        chained = getattr(self.model, "forward_sample", None)
+        logits = chained(ids, positions, ctx, temperature, seeds, tokens) if chained else None
+        if logits is None:
+            logits = self.model.compute_logits(self.model(ids, positions, ctx))
+            tokens.copy_(sample_rows(logits, temperature, seeds))
+        return logits
 
     def _forward_hidden(
         self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -193,7 +206,7 @@ class ModelRunner:
             return
         sched = self.config.scheduler
         self.graphs = DecodeGraphs(
-            self._forward_logits, self.device, sched.max_num_seqs, self.max_blocks_per_seq, self.block_size
+            self._forward_sample, self.device, sched.max_num_seqs, self.max_blocks_per_seq, self.block_size
         )
         self.graphs.capture()
         if self.mixed_graph_max_tokens > 0:

@@ -40,7 +40,7 @@ class CpuReplay:
 def cpu_decode_graphs(runner, max_batch: int) -> tuple[DecodeGraphs, dict[int, CpuReplay]]:
     """Decode graphs for `runner` up to `max_batch` rows whose replays run on the CPU; not yet installed."""
     graphs = DecodeGraphs(
-        runner._forward_logits, runner.device, max_batch, runner.max_blocks_per_seq, runner.block_size
+        runner._forward_sample, runner.device, max_batch, runner.max_blocks_per_seq, runner.block_size
     )
     replays = {size: CpuReplay(graphs, runner, size) for size in graphs.sizes}
     graphs.graphs = {size: (r, r.logits) for size, r in replays.items()}

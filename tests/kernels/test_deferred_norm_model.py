@@ -197,3 +197,42 @@ def test_pdl_decode_chain_matches_hf(arch, chain, tmp_path, triton_kernels_on_cp
     assert shapes == (per_layer * decode_layers if chained else [])
     assert attention_pdl == [chained and (chain is None or chain.attention_joins(3))] * decode_layers
     assert triton_kernels_on_cpu["deferred_layers"] == decode_layers
+
+
+def test_decode_graphs_chain_the_lm_head_and_sampler(tmp_path, triton_kernels_on_cpu, monkeypatch):
+    """In a decode graph on the chain, the final norm joins the chain and the lm_head samples in its epilogue
+    (`kernels/logits_sample.py`), greedy tokens still HF's; off the chain the graph runs the lm_head, then
+    the sampler. The graphs' body runs on the CPU (stand-in replays, the interpreter: no PDL there)."""
+    from tests.engine.cpu_graph_replay import cpu_decode_graphs
+
+    fused_rows, norm_pdl = [], []
+    real_fused, real_rms = llama.logits_and_sample, layers._rms.rmsnorm
+
+    def counting_fused(h, *args, **kwargs):
+        assert kwargs.get("pdl") is True
+        fused_rows.append(h.shape[0])
+        return real_fused(h, *args, **kwargs)
+
+    def recording_rms(*args, pdl=False, **kwargs):
+        norm_pdl.append(pdl)
+        return real_rms(*args, pdl=pdl, **kwargs)
+
+    monkeypatch.setattr(llama, "logits_and_sample", counting_fused)
+    monkeypatch.setattr(layers._rms, "rmsnorm", recording_rms)
+    model = hf_model_with_spread_norms("qwen2", tmp_path)
+    prompts = random_prompts(model.config.vocab_size, seed=27, lengths=[2, 15, 33])
+    want = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for chained in (True, False):
+        llm = _engine(tmp_path)
+        runner = llm.engine.core.runner
+        runner.model.pdl_decode = chained
+        runner.graphs, replays = cpu_decode_graphs(runner, 4)
+        fused_rows.clear()
+        norm_pdl.clear()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == want, f"chained={chained}"
+        graphed = sum(r.replays for r in replays.values())
+        assert graphed == MAX_TOKENS - 1  # the decode-only steps, three rows padded to four
+        assert fused_rows == ([4] * graphed if chained else [])
+        assert norm_pdl.count(True) == (graphed if chained else 0)

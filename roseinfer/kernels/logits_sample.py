@@ -1,0 +1,200 @@
+"""A decode step's lm_head and sampler in two launches: `logits = h @ w.T` for a few rows, each column tile
+reducing its rows' scores to (best, index) in the epilogue, then one program a row picking its token.
+
+The draw is `sampling.sample_tokens`'s, term for term: row r takes `argmax(logits[r] / T[r] + G)` with the
+Gumbel noise G keyed by the row's seed and the token id, or the plain argmax where T[r] = 0, and ties go to
+the lowest token id. The scores are taken from the logits as stored (rounded to their dtype), so the tokens
+equal `sample_tokens(logits, T, seeds)` bit for bit. Against the cuBLAS lm_head followed by `sample_tokens`,
+this saves the sampler's second read of the logits and its launch, and both launches join the decode step's
+PDL chain (`kernels/pdl.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from roseinfer.kernels._common import dot_dtype, dot_precision, is_interpret, max_shared_memory
+from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
+from roseinfer.kernels.sampling import gumbel_block
+from roseinfer.kernels.skinny_gemm import MAX_ROWS, padded_rows
+
+
+@dataclass(frozen=True)
+class LogitsTile:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_tile(rows: int) -> LogitsTile:
+    """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's and qwen3-0.6b's lm_heads, greedy and at
+    T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at 33-64 rows,
+    64-deep steps at 3 stages, which keep the noise's registers in check (at 64 rows, 131 us a sampled step
+    against 146-163 for the 128-deep tiles, and within 1% of the best greedy tile)."""
+    if padded_rows(rows) <= 32:
+        return LogitsTile(64, 128, num_warps=4, num_stages=5)
+    return LogitsTile(64, 64, num_warps=4, num_stages=3)
+
+
+@triton.jit
+def _logits_sample_kernel(
+    h_ptr,
+    w_ptr,
+    logits_ptr,
+    temp_ptr,
+    seed_ptr,
+    best_ptr,
+    index_ptr,
+    M,
+    N,
+    K,
+    stride_h,
+    stride_w,
+    stride_o,
+    num_tiles,
+    GREEDY_ONLY: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    rows = offs_m < M
+    cols = offs_n < N
+    wait_for_producer(PDL)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        ha = tl.load(
+            h_ptr + offs_m[:, None] * stride_h + offs_k[None, :],
+            mask=rows[:, None] & (offs_k[None, :] < K),
+            other=0.0,
+        )
+        wb = tl.load(
+            w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None],
+            mask=cols[None, :] & (offs_k[:, None] < K),
+            other=0.0,
+        )
+        acc = tl.dot(ha.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
+    logits = acc.to(logits_ptr.dtype.element_ty)
+    tl.store(
+        logits_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],
+        logits,
+        mask=rows[:, None] & cols[None, :],
+    )
+    score = logits.to(tl.float32)
+    if not GREEDY_ONLY:
+        t = tl.load(temp_ptr + offs_m, mask=rows, other=0.0)
+        if tl.max(t, axis=0) > 0.0:  # some row of the tile samples
+            seed = tl.load(seed_ptr + offs_m, mask=rows, other=0)
+            sampled = t[:, None] > 0.0
+            noise = gumbel_block(seed[:, None], pid * BLOCK_N, BLOCK_M, BLOCK_N)
+            noisy = score / tl.where(sampled, t[:, None], 1.0) + noise
+            score = tl.where(sampled, noisy, score)
+    score = tl.where(cols[None, :], score, float("-inf"))
+    best = tl.max(score, axis=1)
+    index = tl.argmax(score, axis=1)  # the first of equal maxima
+    tl.store(best_ptr + offs_m * num_tiles + pid, best, mask=rows)
+    tl.store(index_ptr + offs_m * num_tiles + pid, pid * BLOCK_N + index, mask=rows)
+
+
+@triton.jit
+def _pick_kernel(best_ptr, index_ptr, out_ptr, num_tiles, TILES: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.arange(0, TILES)
+    m = c < num_tiles
+    wait_for_producer(PDL)
+    best = tl.load(best_ptr + row * num_tiles + c, mask=m, other=float("-inf"))
+    index = tl.load(index_ptr + row * num_tiles + c, mask=m, other=2**31 - 1)
+    top = tl.max(best, axis=0)
+    token = tl.min(tl.where(best == top, index, 2**31 - 1), axis=0)
+    tl.store(out_ptr + row, token.to(out_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _fitted_tile(tile: LogitsTile, block_m: int, elem_bytes: int, limit: int | None) -> LogitsTile:
+    """`tile` with fewer stages, then shallower K steps, until its pipeline fits `limit` bytes of shared
+    memory (the tiles are tuned for bf16: fp32 needs twice the room)."""
+    stages, block_k = tile.num_stages, tile.block_k
+    while limit is not None and stages * (block_m + tile.block_n) * block_k * elem_bytes > limit:
+        if stages > 2:
+            stages -= 1
+        elif block_k > 32:
+            block_k //= 2
+        else:
+            break
+    return LogitsTile(tile.block_n, block_k, tile.num_warps, stages)
+
+
+def logits_and_sample(
+    h: torch.Tensor,  # [M <= MAX_ROWS, K], the final norm's output
+    w: torch.Tensor,  # [V, K], the lm_head
+    temperature: torch.Tensor | None,  # [M] float32, 0 = greedy; None = every row greedy
+    seeds: torch.Tensor | None,  # [M] int64 Philox seeds (rows with temperature > 0 read theirs)
+    tokens: torch.Tensor,  # [M] int32 or int64: each row's token is written here
+    pdl: bool = False,
+    tile: LogitsTile | None = None,
+) -> torch.Tensor:
+    """Every row's logits [M, V] (h's dtype), with each row's token drawn into `tokens`, with no host sync."""
+    if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
+        raise ValueError(f"h [M, K] and w [V, K] expected, got {tuple(h.shape)} and {tuple(w.shape)}")
+    if h.dtype != w.dtype or h.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("h and w need one dtype and a contiguous last dimension")
+    m, k = h.shape
+    n = w.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"logits_and_sample takes at most {MAX_ROWS} rows, got {m}")
+    if tokens.shape != (m,) or tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"tokens must be int32 or int64 [{m}], got {tokens.dtype} {tuple(tokens.shape)}")
+    greedy_only = temperature is None
+    if not greedy_only and (seeds is None or temperature.shape != (m,) or seeds.shape != (m,)):
+        raise ValueError("temperature and seeds must both be [M]")
+    logits = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    if m == 0:
+        return logits
+    block_m = padded_rows(m)
+    tile = _fitted_tile(tile or default_tile(m), block_m, h.element_size(), max_shared_memory(h.device))
+    if is_interpret():
+        tile = LogitsTile(min(tile.block_n, 32), min(tile.block_k, 32), tile.num_warps, 1)
+    num_tiles = triton.cdiv(n, tile.block_n)
+    best = torch.empty((m, num_tiles), dtype=torch.float32, device=h.device)
+    index = torch.empty((m, num_tiles), dtype=torch.int32, device=h.device)
+    _logits_sample_kernel[(num_tiles,)](
+        h,
+        w,
+        logits,
+        best if greedy_only else temperature,  # never read when GREEDY_ONLY
+        best if greedy_only else seeds,
+        best,
+        index,
+        m,
+        n,
+        k,
+        h.stride(0),
+        w.stride(0),
+        logits.stride(0),
+        num_tiles,
+        GREEDY_ONLY=greedy_only,
+        BLOCK_M=block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        **pdl_kwargs(pdl),
+        PRECISION=dot_precision(h.dtype),
+        DOT_DTYPE=dot_dtype(h.dtype),
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
+    _pick_kernel[(m,)](
+        best, index, tokens, num_tiles, TILES=triton.next_power_of_2(num_tiles), **pdl_kwargs(pdl)
+    )
+    return logits
