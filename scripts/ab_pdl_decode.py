@@ -14,7 +14,8 @@ Engines: `pdl` (the chain), `plain` (no chain: torch's GEMMs), `nopdl` (the chai
 PDL: with `--kernels`, their own times, which PDL's overlap hides), `pdl-no-attention`, `pdl-no-silu`,
 `pdl-no-gemm` (the chain with that kind of kernel launched without PDL), and `pdl-exit`, `pdl-attention-exit`,
 `pdl-silu-exit`, `pdl-gemm-exit`, `pdl-attention-silu-exit` (PDL, but those kernels let the next launch only as
-their programs exit).
+their programs exit), `pdl-no-tail` / `pdl-tail-exit` (the final norm, the lm_head and the sampler without PDL /
+letting the next launch only at exit) and `pdl-unfused-tail` (the lm_head on cuBLAS, then `sample_tokens`).
 `--chain-rows N [--chain-attention-rows M]` replace the model width's own chain (`llama.decode_chain`) by one
 over steps of up to N rows, with decode attention in it at up to M rows (default 0); `--programs-per-sm P` sets
 decode attention's split target (`paged_decode_split`) for every engine. An engine name may end in modifiers of
@@ -35,7 +36,14 @@ import triton
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
-from roseinfer.kernels import activation, paged_decode_attention, paged_decode_split, skinny_gemm
+from roseinfer.kernels import (
+    activation,
+    logits_sample,
+    paged_decode_attention,
+    paged_decode_split,
+    rmsnorm,
+    skinny_gemm,
+)
 from roseinfer.kernels.pdl import RELEASE_AT_EXIT, pdl_active
 from roseinfer.models import llama
 
@@ -45,8 +53,10 @@ ALL_MODULES = (paged_decode_attention, activation, skinny_gemm)
 PATCHED = {"nopdl": ALL_MODULES, "pdl-no-attention": (paged_decode_attention,), "pdl-no-silu": (activation,),
            "pdl-no-gemm": (skinny_gemm,), "pdl-exit": ALL_MODULES,
            "pdl-attention-exit": (paged_decode_attention,), "pdl-silu-exit": (activation,),
-           "pdl-gemm-exit": (skinny_gemm,), "pdl-attention-silu-exit": (paged_decode_attention, activation)}  # fmt: skip
-ENGINES = {"pdl", "plain", *PATCHED}
+           "pdl-gemm-exit": (skinny_gemm,), "pdl-attention-silu-exit": (paged_decode_attention, activation),
+           "pdl-no-tail": (rmsnorm, logits_sample), "pdl-tail-exit": (rmsnorm, logits_sample),
+           "pdl-no-final-norm": (rmsnorm,), "pdl-no-logits": (logits_sample,)}  # fmt: skip
+ENGINES = {"pdl", "plain", "pdl-unfused-tail", *PATCHED}
 
 
 def patched_kwargs(name: str):
@@ -102,6 +112,13 @@ def engine(shape: str, name: str, max_batch: int, context: int) -> LLM:
         finally:
             skinny_gemm.skinny_tile = rule
             skinny_gemm._default_tile.cache_clear()
+    if name == "pdl-unfused-tail":  # the chain, then the lm_head and the sampler off it
+        fused = llama.LlamaForCausalLM.forward_sample
+        llama.LlamaForCausalLM.forward_sample = lambda *args, **kwargs: None
+        try:
+            return engine(shape, "pdl", max_batch, context)
+        finally:
+            llama.LlamaForCausalLM.forward_sample = fused
     if name in PATCHED:  # graphs are captured at start-up: launches made while patched keep the patch
         modules = PATCHED[name]
         saved = [m.pdl_kwargs for m in modules]

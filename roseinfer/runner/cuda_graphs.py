@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
-from roseinfer.runner.inputs import ALIGN, HostStep
+from roseinfer.runner.inputs import ALIGN, HostStep, fill_pending
 
 # The per-row int32 inputs, in buffer order; the seeds (int64) take the two rows after them.
 ROWS = (
@@ -168,7 +168,7 @@ class DecodeGraphs:
 
     def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
         """What a graph of `size` rows runs: fill the pending ids, forward, sample; returns the logits."""
-        self.ids[self.fill_index[:size].long()] = self.tokens[self.fill_row[:size].long()]
+        fill_pending(self.ids, self.fill_index[:size], self.fill_row[:size], self.tokens)
         return self.forward_sample(
             self.ids[:size],
             self.positions[:size],

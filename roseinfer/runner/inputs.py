@@ -133,11 +133,17 @@ def build_host_step(out: SchedulerOutput, block_size: int) -> HostStep:
 def fill_pending(
     ids: torch.Tensor, fill_index: torch.Tensor, fill_row: torch.Tensor, prev: torch.Tensor | None
 ) -> None:
-    """Write the previous step's sampled tokens (still on the device) into the rows that feed them."""
+    """Write the previous step's sampled tokens (still on the device) into the rows that feed them: one
+    launch on CUDA (`kernels/pending_ids.py`)."""
     if fill_index.numel():
         if prev is None:
             raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
-        ids[fill_index.long()] = prev[fill_row.long()]
+        if ids.is_cuda:
+            from roseinfer.kernels.pending_ids import scatter_pending
+
+            scatter_pending(ids, fill_index, fill_row, prev)
+        else:
+            ids[fill_index.long()] = prev[fill_row.long()].to(ids.dtype)
 
 
 ALIGN = 16  # int32 elements

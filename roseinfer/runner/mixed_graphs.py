@@ -38,7 +38,7 @@ from roseinfer.kernels.prefill_plan import (
     prefill_block_m,
 )
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
-from roseinfer.runner.inputs import ALIGN, HostStep
+from roseinfer.runner.inputs import ALIGN, HostStep, fill_pending
 
 # A graph's tile map holds every tile of T tokens plus one more per prompt chunk, for this many chunks.
 MAX_CHUNKS = 64
@@ -168,7 +168,7 @@ class MixedGraphs:
     def body(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
         """What a graph of `size` tokens runs: fill the pending ids, forward; returns the hidden states."""
         s = self._seqs(size)
-        self.ids[self.fill_index[:s].long()] = self.prev[self.fill_row[:s].long()]
+        fill_pending(self.ids, self.fill_index[:s], self.fill_row[:s], self.prev)
         return self.forward(self.ids[:size], self.positions[:size], meta)
 
     def capture(self) -> None:
