@@ -1,13 +1,15 @@
-"""A decode step's tail (final norm, lm_head, sampler) and head (pending ids) in variants, each captured from one
-engine (same weights, same KV cache, same step) and replayed alternately: separate engines differ by up to ~10 us
-a step at qwen2.5-0.5b's b=64 (memory placement, presumably), more than these variants do. GPU only.
+"""A decode step's tail (final norm, lm_head, sampler) and head (pending ids) in variants, each captured from
+one engine (same weights, same KV cache, same step) several times and replayed alternately. Separate engines,
+and separate captures of one graph, differ by up to ~10 us a step at qwen2.5-0.5b's b=64 (where their buffers
+land, presumably): as much as these variants do. GPU only.
 
     python scripts/ab_decode_tail.py --model-shape qwen2.5-0.5b --batches 16,32,64
 
 Variants: `fused` (the engine: the sampler in the lm_head's epilogue, the final norm, lm_head and sampler in the
 PDL chain), `fused-no-pdl` (the same kernels launched without PDL), `unfused` (the final norm, then the lm_head on
 cuBLAS, then `sample_tokens`), `no-lm-head` (no lm_head and no sampler: the rest of the step, for the tail's cost),
-`torch-fill` (the pending ids filled by torch's indexing, four launches, instead of `kernels/pending_ids.py`).
+`torch-fill` (the pending ids filled by torch's indexing, four launches, instead of `kernels/pending_ids.py`),
+`fill-noops` (the engine's fill, then three launches that do nothing: does the launch count alone move a step?).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from roseinfer.models import llama
 from roseinfer.runner import cuda_graphs
 from roseinfer.runner.cuda_graphs import capture_graphs
 
-VARIANTS = ("fused", "fused-no-pdl", "unfused", "no-lm-head", "torch-fill")
+VARIANTS = ("fused", "fused-no-pdl", "unfused", "no-lm-head", "torch-fill", "fill-noops")
 
 
 @contextlib.contextmanager
@@ -50,6 +52,15 @@ def variant(name: str):
             ids[fill_index.long()] = prev[fill_row.long()]
 
         cuda_graphs.fill_pending = torch_fill
+    elif name == "fill-noops":
+        scratch = torch.zeros(1, device="cuda")
+
+        def fill_then_noops(ids, fill_index, fill_row, prev):
+            fill(ids, fill_index, fill_row, prev)
+            for _ in range(3):
+                scratch.add_(0.0)
+
+        cuda_graphs.fill_pending = fill_then_noops
     try:
         yield
     finally:
@@ -74,7 +85,8 @@ def main() -> None:
     p.add_argument("--model-shape", default="qwen2.5-0.5b")
     p.add_argument("--batches", default="16,32,64")
     p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--captures", type=int, default=3)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--temperature", type=float, default=0.0, help="every row's (0: greedy)")
@@ -99,27 +111,33 @@ def main() -> None:
     graphs = runner.graphs
     assert graphs is not None and runner.model.pdl_decode, "needs the PDL decode chain (an sm_90+ GPU)"
     print(
-        f"{args.model_shape}, ctx {args.context}, us a step (graph replays back to back), one engine, "
-        f"median of {args.rounds} alternating rounds"
+        f"{args.model_shape}, ctx {args.context}, T {args.temperature}, us a step (graph replays back to back), "
+        f"one engine, {args.captures} captures a variant (interleaved), median of {args.rounds} alternating rounds "
+        "each; the step is the median over the captures, then each capture's median"
     )
     for batch in batches:
         step = decode_step(batch, args.context, 16, runner.cfg.vocab_size, np.random.default_rng(batch))
         assert graphs.can_run(step)
         temperature = np.full(batch, args.temperature, np.float32) if args.temperature > 0 else None
         graphs.run(step, None, temperature)  # stages the step's inputs into the graphs' buffers
-        captured = {}
-        for name in names:
-            with variant(name):
-                captured[name] = capture_graphs([batch], graphs._meta, graphs.body, runner.device)[batch][0]
-        times: dict[str, list[float]] = {name: [] for name in names}
+        captured: list[tuple[str, torch.cuda.CUDAGraph]] = []
+        for _ in range(args.captures):  # each capture places its buffers anew: that alone moves a step
+            for name in names:
+                with variant(name):
+                    graph = capture_graphs([batch], graphs._meta, graphs.body, runner.device)[batch][0]
+                captured.append((name, graph))
+        times: list[list[float]] = [[] for _ in captured]
         for _ in range(args.rounds):
-            for name, graph in captured.items():
-                times[name].append(replay_us(graph, args.iters))
-        base = statistics.median(times[names[0]])
+            for i, (_, graph) in enumerate(captured):
+                times[i].append(replay_us(graph, args.iters))
+        per_capture = {
+            name: [statistics.median(t) for (n, _), t in zip(captured, times) if n == name] for name in names
+        }
+        base = statistics.median(per_capture[names[0]])
         for name in names:
-            us = statistics.median(times[name])
-            rounds = " ".join(f"{t:.0f}" for t in times[name])
-            print(f"{batch:5d} {name:>13} {us:9.1f} {us - base:+7.1f}   {rounds}")
+            us = statistics.median(per_capture[name])
+            each = " ".join(f"{t:.1f}" for t in per_capture[name])
+            print(f"{batch:5d} {name:>13} {us:9.1f} {us - base:+7.1f}   {each}")
 
 
 if __name__ == "__main__":
