@@ -2,7 +2,8 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             peers (vLLM beside roseinfer), gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode, layouts, policy, mixed, ttft, splits, ncu (on request)
+#             peers (vLLM beside roseinfer), gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
+#             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz.
@@ -159,6 +160,11 @@ PY
         --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active ;;
     pdl-decode)  # decode steps with and without the PDL chain (pdl_decode), two engines in one process
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
+    tail)  # a decode step's lm_head and sampler: in the chain, sampling in the GEMM's epilogue, against cuBLAS + sampler
+      run tail-qwen '^( |qwen)' python3 scripts/ab_decode_tail.py --batches 16,32,64 --variants fused,unfused,torch-fill
+      run tail-qwen-t06 '^( |qwen)' python3 scripts/ab_decode_tail.py --batches 64 --temperature 0.6 --variants fused,unfused
+      run tail-llama '^( |llama)' python3 scripts/ab_decode_tail.py --model-shape llama-3.1-8b --batches 8,16 --captures 2 --rounds 3 --iters 30 --variants fused,unfused
+      run logits-tiles '^( |rows|qwen)' python3 scripts/probe_logits_sample.py --rows 16,32,64 --temperature 0,0.6 ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)
       run layouts '.' python3 scripts/probe_gemm_layouts.py --batches 16,64,128,256 ;;
     l2)  # warming L2 with the next weights on a side stream (a no-go at d255ae7)

@@ -4,7 +4,7 @@ A replay reads one device buffer of per-row inputs, which the host writes with o
 ids, positions, slots, lengths, the rows whose input id is the previous step's pending token, the logits
 rows, and each row's temperature and seed. The graph fills the pending ids from the previous step's tokens,
 runs the forward and samples every row (greedy, or temperature with Gumbel noise, in one pass over the
-logits). So a graphed step costs the host one copy in, one block-table copy, the replay and the copy out;
+logits; on a model's PDL decode chain, in the lm_head's epilogue: `kernels/logits_sample.py`). So a graphed step costs the host one copy in, one block-table copy, the replay and the copy out;
 the pieces it replaces (a copy and an index op per input, two sampler launches) cost ~4x that on an H200's
 host (`scripts/probe_host_launch.py`).
 
