@@ -20,6 +20,7 @@ import statistics
 
 import numpy as np
 import torch
+from ab_pdl_decode import replay_us  # scripts/ is on the path when a script runs
 
 from roseinfer.bench.roofline import decode_step
 from roseinfer.entrypoints.llm import LLM
@@ -66,18 +67,6 @@ def variant(name: str):
     finally:
         llama.LlamaForCausalLM.forward_sample, logits_sample.pdl_kwargs, rmsnorm.pdl_kwargs = saved
         cuda_graphs.fill_pending = fill
-
-
-def replay_us(graph: torch.cuda.CUDAGraph, n: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
 
 
 def main() -> None:

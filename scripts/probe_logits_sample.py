@@ -15,12 +15,13 @@ import torch
 
 from roseinfer.bench.kernels import _graph_back_to_back_ms
 from roseinfer.config import ModelConfig
-from roseinfer.kernels.logits_sample import LogitsTile, default_tile, logits_and_sample
+from roseinfer.kernels.logits_sample import default_tile, logits_and_sample
 from roseinfer.kernels.sampling import sample_tokens
+from roseinfer.kernels.skinny_gemm import GemmTile
 from roseinfer.models.loader import BUILTIN_CONFIG_DIR
 
 
-def sweep(w: torch.Tensor, rows: int, temp: float, tiles: list[LogitsTile], top: int) -> None:
+def sweep(w: torch.Tensor, rows: int, temp: float, tiles: list[GemmTile], top: int) -> None:
     dev = w.device
     gen = torch.Generator(device=dev).manual_seed(rows)
     h = torch.randn(rows, w.shape[1], device=dev, generator=gen).to(w.dtype)
@@ -79,7 +80,7 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(cfg.vocab_size, cfg.hidden_size, device=dev, generator=gen) / 32).to(torch.bfloat16)
     ints = [[int(v) for v in a.split(",")] for a in (args.block_n, args.block_k, args.stages, args.warps)]
-    tiles = [LogitsTile(bn, bk, wp, st) for bn, bk, st, wp in itertools.product(*ints)]
+    tiles = [GemmTile(bn, bk, 1, wp, st) for bn, bk, st, wp in itertools.product(*ints)]
     print(f"{args.model_shape}: lm_head {cfg.vocab_size} x {cfg.hidden_size}, bf16")
     for rows in (int(r) for r in args.rows.split(",")):
         for temp in (float(t) for t in args.temperature.split(",")):

@@ -12,7 +12,7 @@ PDL chain (`kernels/pdl.py`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 import triton
@@ -21,25 +21,17 @@ import triton.language as tl
 from roseinfer.kernels._common import dot_dtype, dot_precision, is_interpret, max_shared_memory
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.sampling import gumbel_block
-from roseinfer.kernels.skinny_gemm import MAX_ROWS, padded_rows
+from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile, fit_shared_memory, padded_rows
 
 
-@dataclass(frozen=True)
-class LogitsTile:
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-def default_tile(rows: int) -> LogitsTile:
+def default_tile(rows: int) -> GemmTile:
     """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's and qwen3-0.6b's lm_heads, greedy and at
     T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at 33-64 rows,
     64-deep steps at 3 stages, which keep the noise's registers in check (at 64 rows, 131 us a sampled step
     against 146-163 for the 128-deep tiles, and within 1% of the best greedy tile)."""
     if padded_rows(rows) <= 32:
-        return LogitsTile(64, 128, num_warps=4, num_stages=5)
-    return LogitsTile(64, 64, num_warps=4, num_stages=3)
+        return GemmTile(64, 128, 1, num_warps=4, num_stages=5)
+    return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -122,18 +114,8 @@ def _pick_kernel(best_ptr, index_ptr, out_ptr, num_tiles, TILES: tl.constexpr, P
 
 
 @functools.cache
-def _fitted_tile(tile: LogitsTile, block_m: int, elem_bytes: int, limit: int | None) -> LogitsTile:
-    """`tile` with fewer stages, then shallower K steps, until its pipeline fits `limit` bytes of shared
-    memory (the tiles are tuned for bf16: fp32 needs twice the room)."""
-    stages, block_k = tile.num_stages, tile.block_k
-    while limit is not None and stages * (block_m + tile.block_n) * block_k * elem_bytes > limit:
-        if stages > 2:
-            stages -= 1
-        elif block_k > 32:
-            block_k //= 2
-        else:
-            break
-    return LogitsTile(tile.block_n, block_k, tile.num_warps, stages)
+def _fitted_tile(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
+    return fit_shared_memory(tile, block_m, elem_bytes, limit)
 
 
 def logits_and_sample(
@@ -143,7 +125,7 @@ def logits_and_sample(
     seeds: torch.Tensor | None,  # [M] int64 Philox seeds (rows with temperature > 0 read theirs)
     tokens: torch.Tensor,  # [M] int32 or int64: each row's token is written here
     pdl: bool = False,
-    tile: LogitsTile | None = None,
+    tile: GemmTile | None = None,  # block_n, block_k, warps and stages (split is 1)
 ) -> torch.Tensor:
     """Every row's logits [M, V] (h's dtype), with each row's token drawn into `tokens`, with no host sync."""
     if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
@@ -165,7 +147,7 @@ def logits_and_sample(
     block_m = padded_rows(m)
     tile = _fitted_tile(tile or default_tile(m), block_m, h.element_size(), max_shared_memory(h.device))
     if is_interpret():
-        tile = LogitsTile(min(tile.block_n, 32), min(tile.block_k, 32), tile.num_warps, 1)
+        tile = replace(tile, block_n=min(tile.block_n, 32), block_k=min(tile.block_k, 32), num_stages=1)
     num_tiles = triton.cdiv(n, tile.block_n)
     best = torch.empty((m, num_tiles), dtype=torch.float32, device=h.device)
     index = torch.empty((m, num_tiles), dtype=torch.int32, device=h.device)

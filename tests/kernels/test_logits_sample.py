@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from roseinfer.kernels._common import is_interpret
-from roseinfer.kernels.logits_sample import LogitsTile, default_tile, logits_and_sample
+from roseinfer.kernels.logits_sample import default_tile, logits_and_sample
 from roseinfer.kernels.sampling import gumbel_noise, sample_tokens, sample_tokens_ref
-from roseinfer.kernels.skinny_gemm import MAX_ROWS
+from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -59,7 +59,7 @@ def test_logits_and_tokens_match_the_references(rows, vocab, k, dtype):
     _check(rows, vocab, k, dtype)
 
 
-@pytest.mark.parametrize("tile", [LogitsTile(16, 16, 4, 2), LogitsTile(32, 64, 4, 1)], ids=str)
+@pytest.mark.parametrize("tile", [GemmTile(16, 16, 1, 4, 2), GemmTile(32, 64, 1, 4, 1)], ids=str)
 def test_other_tiles_and_int64_tokens(tile):
     _check(5, 100, 80, torch.float32, tile, tokens_dtype=torch.int64)
 
@@ -80,8 +80,8 @@ def test_ties_go_to_the_lowest_token_across_tiles():
 
 
 def test_tiles_by_rows():
-    assert default_tile(1) == default_tile(32) == LogitsTile(64, 128, 4, 5)
-    assert default_tile(33) == default_tile(MAX_ROWS) == LogitsTile(64, 64, 4, 3)
+    assert default_tile(1) == default_tile(32) == GemmTile(64, 128, 1, 4, 5)
+    assert default_tile(33) == default_tile(MAX_ROWS) == GemmTile(64, 64, 1, 4, 3)
 
 
 def test_bad_input_is_refused():
