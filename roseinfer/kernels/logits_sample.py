@@ -18,17 +18,23 @@ import torch
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import dot_dtype, dot_precision, is_interpret, max_shared_memory
+from roseinfer.kernels._common import is_interpret, max_shared_memory
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.sampling import gumbel_block
-from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile, fit_shared_memory, padded_rows
+from roseinfer.kernels.skinny_gemm import (
+    MAX_ROWS,
+    GemmTile,
+    fit_shared_memory,
+    padded_rows,
+    tile_launch_kwargs,
+)
 
 
 def default_tile(rows: int) -> GemmTile:
     """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's and qwen3-0.6b's lm_heads, greedy and at
     T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at 33-64 rows,
-    64-deep steps at 3 stages, which keep the noise's registers in check (at 64 rows, 131 us a sampled step
-    against 146-163 for the 128-deep tiles, and within 1% of the best greedy tile)."""
+    64-deep steps at 3 stages (at 64 rows, 131 us a sampled step against 146-163 for the 128-deep tiles, and
+    within 1% of the best greedy tile)."""
     if padded_rows(rows) <= 32:
         return GemmTile(64, 128, 1, num_warps=4, num_stages=5)
     return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
@@ -167,14 +173,7 @@ def logits_and_sample(
         logits.stride(0),
         num_tiles,
         GREEDY_ONLY=greedy_only,
-        BLOCK_M=block_m,
-        BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k,
-        **pdl_kwargs(pdl),
-        PRECISION=dot_precision(h.dtype),
-        DOT_DTYPE=dot_dtype(h.dtype),
-        num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
+        **tile_launch_kwargs(tile, block_m, h.dtype, pdl),
     )
     _pick_kernel[(m,)](
         best, index, tokens, num_tiles, TILES=triton.next_power_of_2(num_tiles), **pdl_kwargs(pdl)

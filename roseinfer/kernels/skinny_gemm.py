@@ -195,6 +195,21 @@ def _split_sum_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def tile_launch_kwargs(tile: GemmTile, block_m: int, dtype: torch.dtype, pdl: bool) -> dict:
+    """A tiled GEMM kernel's launch arguments for `tile` at `block_m` rows: its block constexprs, PDL, the dot's
+    precision and input dtype, warps and stages (this kernel's, and `logits_sample`'s)."""
+    return {
+        "BLOCK_M": block_m,
+        "BLOCK_N": tile.block_n,
+        "BLOCK_K": tile.block_k,
+        **pdl_kwargs(pdl),
+        "PRECISION": dot_precision(dtype),
+        "DOT_DTYPE": dot_dtype(dtype),
+        "num_warps": tile.num_warps,
+        "num_stages": tile.num_stages,
+    }
+
+
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -246,14 +261,7 @@ def skinny_gemm(
         k_per_split,
         ADD=add,
         SPLIT=split,
-        BLOCK_M=block_m,
-        BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k,
-        **pdl_kwargs(pdl),
-        PRECISION=dot_precision(x.dtype),
-        DOT_DTYPE=dot_dtype(x.dtype),
-        num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
+        **tile_launch_kwargs(tile, block_m, x.dtype, pdl),
     )
     if split > 1:
         _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
