@@ -4,9 +4,10 @@ A replay reads one device buffer of per-row inputs, which the host writes with o
 ids, positions, slots, lengths, the rows whose input id is the previous step's pending token, the logits
 rows, and each row's temperature and seed. The graph fills the pending ids from the previous step's tokens,
 runs the forward and samples every row (greedy, or temperature with Gumbel noise, in one pass over the
-logits; on a model's PDL decode chain, in the lm_head's epilogue: `kernels/logits_sample.py`). So a graphed step costs the host one copy in, one block-table copy, the replay and the copy out;
-the pieces it replaces (a copy and an index op per input, two sampler launches) cost ~4x that on an H200's
-host (`scripts/probe_host_launch.py`).
+logits; on a model's PDL decode chain, in the lm_head's epilogue: `kernels/logits_sample.py`). So a graphed
+step costs the host one copy in, one block-table copy, the replay and the copy out; the pieces it replaces (a
+copy and an index op per input, two sampler launches) cost ~4x that on an H200's host
+(`scripts/probe_host_launch.py`).
 
 A step whose batch or block-table width exceeds what was captured runs eagerly instead: a graph never
 reads past its buffers.

@@ -188,8 +188,8 @@ class ModelRunner:
         samples): in the model's decode chain where it has one (`forward_sample`), else the lm_head, then
         `sample_rows`."""
         ctx = ForwardContext(self.kv_cache, meta, self.backend)
-        chained = getattr(self.model, "forward_sample", None)
-        logits = chained(ids, positions, ctx, temperature, seeds, tokens) if chained else None
+        on_chain = getattr(self.model, "forward_sample", None)
+        logits = on_chain(ids, positions, ctx, temperature, seeds, tokens) if on_chain else None
         if logits is None:
             logits = self.model.compute_logits(self.model(ids, positions, ctx))
             tokens.copy_(sample_rows(logits, temperature, seeds))
