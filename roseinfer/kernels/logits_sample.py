@@ -27,6 +27,7 @@ from roseinfer.kernels.skinny_gemm import (
     fit_shared_memory,
     padded_rows,
     tile_launch_kwargs,
+    tile_product,
 )
 
 
@@ -70,20 +71,9 @@ def _logits_sample_kernel(
     rows = offs_m < M
     cols = offs_n < N
     wait_for_producer(PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        ha = tl.load(
-            h_ptr + offs_m[:, None] * stride_h + offs_k[None, :],
-            mask=rows[:, None] & (offs_k[None, :] < K),
-            other=0.0,
-        )
-        wb = tl.load(
-            w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None],
-            mask=cols[None, :] & (offs_k[:, None] < K),
-            other=0.0,
-        )
-        acc = tl.dot(ha.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
+    acc = tile_product(
+        h_ptr, w_ptr, stride_h, stride_w, offs_m, offs_n, M, N, K, 0, K, BLOCK_K, PRECISION, DOT_DTYPE
+    )
     logits = acc.to(logits_ptr.dtype.element_ty)
     tl.store(
         logits_ptr + offs_m[:, None].to(tl.int64) * stride_o + offs_n[None, :],

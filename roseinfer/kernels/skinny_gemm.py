@@ -116,6 +116,42 @@ def _default_tile(n: int, k: int, block_m: int, elem_bytes: int, device: torch.d
 
 
 @triton.jit
+def tile_product(
+    x_ptr,
+    w_ptr,
+    stride_x,
+    stride_w,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    K,
+    k0,
+    k_len,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """fp32 `x[offs_m, k0 : k0 + k_len] @ w[offs_n, k0 : k0 + k_len].T`, in BLOCK_K-deep steps, rows, columns and
+    K past the tensors' edges read as 0 (this kernel's K loop, and `logits_sample`'s)."""
+    acc = tl.zeros((offs_m.shape[0], offs_n.shape[0]), dtype=tl.float32)
+    for kk in range(0, k_len, BLOCK_K):
+        offs_k = k0 + kk + tl.arange(0, BLOCK_K)
+        xa = tl.load(
+            x_ptr + offs_m[:, None] * stride_x + offs_k[None, :],
+            mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
+            other=0.0,
+        )
+        wb = tl.load(
+            w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None],
+            mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
+            other=0.0,
+        )
+        acc = tl.dot(xa.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -147,20 +183,22 @@ def _skinny_gemm_kernel(
     # Reading the weights before the wait measured slower: programs waiting on the predecessor hold SM slots
     # and bandwidth that it needs (PERFORMANCE.md, seventeenth session).
     wait_for_producer(PDL)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(0, k_per_split, BLOCK_K):  # k_per_split is a multiple of BLOCK_K
-        offs_k = k0 + kk + tl.arange(0, BLOCK_K)
-        xa = tl.load(
-            x_ptr + offs_m[:, None] * stride_x + offs_k[None, :],
-            mask=(offs_m[:, None] < M) & (offs_k[None, :] < K),
-            other=0.0,
-        )
-        wb = tl.load(
-            w_ptr + offs_n[None, :].to(tl.int64) * stride_w + offs_k[:, None],
-            mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
-            other=0.0,
-        )
-        acc = tl.dot(xa.to(DOT_DTYPE), wb.to(DOT_DTYPE), acc, input_precision=PRECISION)
+    acc = tile_product(
+        x_ptr,
+        w_ptr,
+        stride_x,
+        stride_w,
+        offs_m,
+        offs_n,
+        M,
+        N,
+        K,
+        k0,
+        k_per_split,
+        BLOCK_K,
+        PRECISION,
+        DOT_DTYPE,
+    )
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SPLIT == 1:
         out = out_ptr + offs_m[:, None] * stride_o + offs_n[None, :]
