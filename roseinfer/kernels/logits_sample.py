@@ -30,15 +30,22 @@ from roseinfer.kernels.skinny_gemm import (
     tile_product,
 )
 
+# Steps of more rows run the lm_head on cuBLAS, then the sampler: at 256 rows the product is no longer bound by
+# the weights' bytes, and cuBLAS computes it faster (qwen2.5-0.5b 174 us with the sampler against 209 fused at
+# best, llama-3.1-8b 467 against 623; H100, `scripts/probe_logits_sample.py`).
+MAX_FUSED_ROWS = 128
+
 
 def default_tile(rows: int) -> GemmTile:
-    """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's and qwen3-0.6b's lm_heads, greedy and at
-    T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at 33-64 rows,
-    64-deep steps at 3 stages (at 64 rows, 131 us a sampled step against 146-163 for the 128-deep tiles, and
-    within 1% of the best greedy tile)."""
+    """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's, qwen3-0.6b's and llama-3.1-8b's lm_heads,
+    greedy and at T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at
+    33-64 rows, 64-deep steps at 3 stages (at 64 rows, 131 us a sampled step against 146-163 for the 128-deep
+    tiles, and within 1% of the best greedy tile); past 64 rows, the same with 8 warps, 128 rows a program."""
     if padded_rows(rows) <= 32:
         return GemmTile(64, 128, 1, num_warps=4, num_stages=5)
-    return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
+    if padded_rows(rows) <= MAX_ROWS:
+        return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
+    return GemmTile(64, 64, 1, num_warps=8, num_stages=3)
 
 
 @triton.jit
@@ -65,9 +72,11 @@ def _logits_sample_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    # Row blocks vary fastest, so that the programs sharing a weight tile run side by side (its re-reads hit L2).
+    pid_m = tl.program_id(0)
+    pid = tl.program_id(1)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = offs_m < M
     cols = offs_n < N
     wait_for_producer(PDL)
@@ -115,13 +124,14 @@ def _fitted_tile(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | Non
 
 
 def logits_and_sample(
-    h: torch.Tensor,  # [M <= MAX_ROWS, K], the final norm's output
+    h: torch.Tensor,  # [M, K], the final norm's output
     w: torch.Tensor,  # [V, K], the lm_head
     temperature: torch.Tensor | None,  # [M] float32, 0 = greedy; None = every row greedy
     seeds: torch.Tensor | None,  # [M] int64 Philox seeds (rows with temperature > 0 read theirs)
     tokens: torch.Tensor,  # [M] int32 or int64: each row's token is written here
     pdl: bool = False,
     tile: GemmTile | None = None,  # block_n, block_k, warps and stages (split is 1)
+    row_block: int = MAX_FUSED_ROWS,  # rows a program takes: more rows take more programs a column tile
 ) -> torch.Tensor:
     """Every row's logits [M, V] (h's dtype), with each row's token drawn into `tokens`, with no host sync."""
     if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
@@ -130,8 +140,6 @@ def logits_and_sample(
         raise ValueError("h and w need one dtype and a contiguous last dimension")
     m, k = h.shape
     n = w.shape[0]
-    if m > MAX_ROWS:
-        raise ValueError(f"logits_and_sample takes at most {MAX_ROWS} rows, got {m}")
     if tokens.shape != (m,) or tokens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"tokens must be int32 or int64 [{m}], got {tokens.dtype} {tuple(tokens.shape)}")
     greedy_only = temperature is None
@@ -140,14 +148,14 @@ def logits_and_sample(
     logits = torch.empty((m, n), dtype=h.dtype, device=h.device)
     if m == 0:
         return logits
-    block_m = padded_rows(m)
+    block_m = min(padded_rows(m), padded_rows(row_block))
     tile = _fitted_tile(tile or default_tile(m), block_m, h.element_size(), max_shared_memory(h.device))
     if is_interpret():
         tile = replace(tile, block_n=min(tile.block_n, 32), block_k=min(tile.block_k, 32), num_stages=1)
     num_tiles = triton.cdiv(n, tile.block_n)
     best = torch.empty((m, num_tiles), dtype=torch.float32, device=h.device)
     index = torch.empty((m, num_tiles), dtype=torch.int32, device=h.device)
-    _logits_sample_kernel[(num_tiles,)](
+    _logits_sample_kernel[(triton.cdiv(m, block_m), num_tiles)](
         h,
         w,
         logits,

@@ -9,7 +9,7 @@ from torch import nn
 
 from roseinfer.config import ModelConfig
 from roseinfer.kernels.decode_new_token import DeferredNorm
-from roseinfer.kernels.logits_sample import logits_and_sample
+from roseinfer.kernels.logits_sample import MAX_FUSED_ROWS, logits_and_sample
 from roseinfer.kernels.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 from roseinfer.models.layers import (
     ForwardContext,
@@ -279,14 +279,17 @@ class LlamaForCausalLM(nn.Module):
         tokens: torch.Tensor,
     ) -> torch.Tensor | None:
         """Every row's logits, each row's token drawn into `tokens` as `kernels/sampling.sample_tokens` draws it,
-        where the step runs the decode chain: the lm_head and the sampler join it
-        (`kernels/logits_sample.py`). None, with nothing run, for any other step."""
-        deferred = not self._gemv_for(input_ids) and self._deferred_norm_for(input_ids, ctx)
-        chain = self._chain_for(input_ids, deferred)
-        if chain is None:
+        by the lm_head with the sampler in its epilogue (`kernels/logits_sample.py`); where the step runs the
+        decode chain, the final norm, the lm_head and the sampler join it. None, with nothing run, for a step
+        the fused lm_head does not take (one row: the GEMV; more than `MAX_FUSED_ROWS`; no Triton on CUDA)."""
+        rows = input_ids.shape[0]
+        if self._gemv_for(input_ids) or rows > MAX_FUSED_ROWS or not fused_kernels_for(input_ids):
             return None
-        hidden = self.model(input_ids, positions, ctx, deferred_norm=True, chain=chain)
-        return logits_and_sample(hidden, self.lm_head.weight, temperature, seeds, tokens, pdl=True)
+        deferred = self._deferred_norm_for(input_ids, ctx)
+        chain = self._chain_for(input_ids, deferred)
+        hidden = self.model(input_ids, positions, ctx, deferred_norm=deferred, chain=chain)
+        pdl = chain is not None
+        return logits_and_sample(hidden, self.lm_head.weight, temperature, seeds, tokens, pdl=pdl)
 
     def _deferred_norm_for(self, input_ids: torch.Tensor, ctx: ForwardContext) -> bool:
         return (

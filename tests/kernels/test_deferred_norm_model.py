@@ -13,6 +13,7 @@ import torch
 
 import roseinfer.models.layers as layers
 import roseinfer.models.llama as llama
+import roseinfer.runner.model_runner as model_runner
 from roseinfer import LLM, SamplingParams
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import make_hf_model
@@ -200,39 +201,48 @@ def test_pdl_decode_chain_matches_hf(arch, chain, tmp_path, triton_kernels_on_cp
 
 
 def test_decode_graphs_chain_the_lm_head_and_sampler(tmp_path, triton_kernels_on_cpu, monkeypatch):
-    """In a decode graph on the chain, the final norm joins the chain and the lm_head samples in its epilogue
-    (`kernels/logits_sample.py`), greedy tokens still HF's; off the chain the graph runs the lm_head, then
-    the sampler. The graphs' body runs on the CPU (stand-in replays, the interpreter: no PDL there)."""
+    """A decode graph samples in the lm_head's epilogue (`kernels/logits_sample.py`), greedy tokens still
+    HF's: on the chain the final norm and the fused lm_head join it (PDL), off the chain the fused lm_head runs
+    without PDL, and past `MAX_FUSED_ROWS` rows the graph runs the lm_head, then the sampler. The graphs' body
+    runs on the CPU (stand-in replays, the interpreter: no PDL there)."""
     from tests.engine.cpu_graph_replay import cpu_decode_graphs
 
-    fused_rows, norm_pdl = [], []
+    fused_pdl, norm_pdl, sampler_rows = [], [], []
     real_fused, real_rms = llama.logits_and_sample, layers._rms.rmsnorm
+    real_sample_rows = model_runner.sample_rows
 
-    def counting_fused(h, *args, **kwargs):
-        assert kwargs.get("pdl") is True
-        fused_rows.append(h.shape[0])
-        return real_fused(h, *args, **kwargs)
+    def counting_fused(h, *args, pdl=False, **kwargs):
+        assert h.shape[0] == 4  # three rows padded to four
+        fused_pdl.append(pdl)
+        return real_fused(h, *args, pdl=pdl, **kwargs)
 
     def recording_rms(*args, pdl=False, **kwargs):
         norm_pdl.append(pdl)
         return real_rms(*args, pdl=pdl, **kwargs)
 
+    def counting_sample_rows(logits, *args):
+        sampler_rows.append(logits.shape[0])
+        return real_sample_rows(logits, *args)
+
     monkeypatch.setattr(llama, "logits_and_sample", counting_fused)
     monkeypatch.setattr(layers._rms, "rmsnorm", recording_rms)
+    monkeypatch.setattr(model_runner, "sample_rows", counting_sample_rows)
     model = hf_model_with_spread_norms("qwen2", tmp_path)
     prompts = random_prompts(model.config.vocab_size, seed=27, lengths=[2, 15, 33])
     want = [hf_greedy(model, p, MAX_TOKENS) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    for chained in (True, False):
+    for chained, fused in ((True, True), (False, True), (False, False)):
+        monkeypatch.setattr(llama, "MAX_FUSED_ROWS", 4 if fused else 3)
         llm = _engine(tmp_path)
         runner = llm.engine.core.runner
         runner.model.pdl_decode = chained
         runner.graphs, replays = cpu_decode_graphs(runner, 4)
-        fused_rows.clear()
-        norm_pdl.clear()
+        for calls in (fused_pdl, norm_pdl, sampler_rows):
+            calls.clear()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in outs] == want, f"chained={chained}"
+        assert [o.outputs[0].token_ids for o in outs] == want, f"chained={chained} fused={fused}"
         graphed = sum(r.replays for r in replays.values())
-        assert graphed == MAX_TOKENS - 1  # the decode-only steps, three rows padded to four
-        assert fused_rows == ([4] * graphed if chained else [])
+        assert graphed == MAX_TOKENS - 1  # the decode-only steps
+        assert fused_pdl == ([chained] * graphed if fused else [])
+        assert sampler_rows == ([] if fused else [4] * graphed)
         assert norm_pdl.count(True) == (graphed if chained else 0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from roseinfer.kernels._common import is_interpret
-from roseinfer.kernels.logits_sample import default_tile, logits_and_sample
+from roseinfer.kernels.logits_sample import MAX_FUSED_ROWS, default_tile, logits_and_sample
 from roseinfer.kernels.sampling import gumbel_noise, sample_tokens, sample_tokens_ref
 from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
@@ -25,10 +25,10 @@ def _inputs(rows: int, vocab: int, k: int, dtype: torch.dtype, *tag: object):
     return h, w, temperature, seeds
 
 
-def _check(rows, vocab, k, dtype, tile=None, tokens_dtype=torch.int32):
+def _check(rows, vocab, k, dtype, tile=None, tokens_dtype=torch.int32, row_block=MAX_ROWS):
     h, w, temperature, seeds = _inputs(rows, vocab, k, dtype, tile)
     tokens = torch.full((rows,), -1, dtype=tokens_dtype, device=DEVICE)
-    logits = logits_and_sample(h, w, temperature, seeds, tokens, tile=tile)
+    logits = logits_and_sample(h, w, temperature, seeds, tokens, tile=tile, row_block=row_block)
     assert logits.shape == (rows, vocab) and logits.dtype == dtype
     atol, rtol = TOL[dtype]
     if dtype == torch.bfloat16 and is_interpret():
@@ -45,7 +45,7 @@ def _check(rows, vocab, k, dtype, tile=None, tokens_dtype=torch.int32):
         )
     # Greedy only: the plain argmax, into int64 tokens as well.
     greedy = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
-    again = logits_and_sample(h, w, None, None, greedy, tile=tile)
+    again = logits_and_sample(h, w, None, None, greedy, tile=tile, row_block=row_block)
     assert torch.equal(again, logits)
     assert torch.equal(greedy, logits.float().argmax(dim=-1))
 
@@ -62,6 +62,12 @@ def test_logits_and_tokens_match_the_references(rows, vocab, k, dtype):
 @pytest.mark.parametrize("tile", [GemmTile(16, 16, 1, 4, 2), GemmTile(32, 64, 1, 4, 1)], ids=str)
 def test_other_tiles_and_int64_tokens(tile):
     _check(5, 100, 80, torch.float32, tile, tokens_dtype=torch.int64)
+
+
+@pytest.mark.parametrize(("rows", "row_block"), [(MAX_ROWS + 1, MAX_ROWS), (37, 16), (32, 16)])
+def test_rows_past_one_program(rows, row_block):
+    """More rows than a program takes: row blocks side by side, the last one partly past the edge (or not)."""
+    _check(rows, 130, 48, torch.float16, row_block=row_block)
 
 
 def test_ties_go_to_the_lowest_token_across_tiles():
@@ -82,14 +88,13 @@ def test_ties_go_to_the_lowest_token_across_tiles():
 def test_tiles_by_rows():
     assert default_tile(1) == default_tile(32) == GemmTile(64, 128, 1, 4, 5)
     assert default_tile(33) == default_tile(MAX_ROWS) == GemmTile(64, 64, 1, 4, 3)
+    assert default_tile(MAX_ROWS + 1) == default_tile(MAX_FUSED_ROWS) == GemmTile(64, 64, 1, 8, 3)
 
 
 def test_bad_input_is_refused():
     h = torch.zeros((2, 8), device=DEVICE)
     w = torch.zeros((10, 8), device=DEVICE)
     tokens = torch.empty(2, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="at most"):
-        logits_and_sample(torch.zeros((MAX_ROWS + 1, 8), device=DEVICE), w, None, None, tokens)
     with pytest.raises(ValueError, match=r"h \[M, K\]"):
         logits_and_sample(h, torch.zeros((10, 9), device=DEVICE), None, None, tokens)
     with pytest.raises(ValueError, match="tokens must be"):
@@ -101,7 +106,10 @@ def test_bad_input_is_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("rows", "vocab", "k"), [(64, 151936, 896), (17, 151936, 1024), (16, 128256, 4096)])
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"),
+    [(64, 151936, 896), (17, 151936, 1024), (16, 128256, 4096), (200, 151936, 896), (256, 128256, 4096)],
+)
 def test_real_sizes_on_the_gpu(rows, vocab, k):
-    """Real lm_heads at the decode chain's row counts, with the shipped tiles."""
+    """Real lm_heads at decode steps' row counts (the chain's, and the wider graphs'), with the shipped tiles."""
     _check(rows, vocab, k, torch.bfloat16)
