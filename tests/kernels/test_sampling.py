@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from roseinfer.kernels.sampling import gumbel_noise, sample_tokens, sample_tokens_ref
+from roseinfer.kernels._common import is_interpret
+from roseinfer.kernels.sampling import exponential, gumbel_noise, sample_tokens, sample_tokens_ref
 from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, generator, randn
 
 
@@ -38,6 +41,30 @@ def test_greedy_takes_the_first_maximum(vocab):
     assert got[1].item() == 0 and got[2].item() == 0
     zero_t = sample_tokens(logits, torch.zeros(4, device=DEVICE), seeds_for(4, gen))
     assert torch.equal(zero_t.cpu(), got.cpu())
+
+
+@triton.jit
+def _exponential_kernel(u_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    u = tl.load(u_ptr + offs, mask=offs < n, other=0.5)
+    tl.store(out_ptr + offs, exponential(u), mask=offs < n)
+
+
+def test_exponential_is_minus_log_to_the_last_digits_near_one():
+    """-ln(u) where it is small (u within 2^-8 of 1: the series) to fp32's precision, and elsewhere within the
+    fast log2's error on the GPU; u = 0 reads as 1e-20."""
+    gen = generator("exponential")
+    near_one = 1.0 - torch.arange(1, 4097, dtype=torch.float64) * 2.0**-24  # every u in (1 - 2^-12, 1)
+    spread = torch.rand(5000, generator=gen, dtype=torch.float64)
+    u = torch.cat([near_one, spread, torch.tensor([0.0, 1e-7, 0.5, 1.0 - 2.0**-8, 1.0 - 2.0**-8 - 2.0**-24])])
+    u32 = u.float()
+    out = torch.empty_like(u32, device=DEVICE)
+    _exponential_kernel[(triton.cdiv(len(u32), 1024),)](u32.to(DEVICE), out, len(u32), BLOCK=1024)
+    want = -torch.log(u32.double().clamp(min=1e-20))
+    rel = ((out.cpu().double() - want) / want).abs()
+    series = (1.0 - u32.double()) < 2.0**-8
+    assert rel[series].max() < 2.0**-22
+    assert rel[~series].max() < (1e-6 if is_interpret() else 1e-4)
 
 
 def test_noise_is_gumbel():
