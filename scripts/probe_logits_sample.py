@@ -16,9 +16,9 @@ import torch
 
 from roseinfer.bench.kernels import _graph_back_to_back_ms
 from roseinfer.config import ModelConfig
-from roseinfer.kernels.logits_sample import MAX_FUSED_ROWS, default_tile, logits_and_sample
+from roseinfer.kernels.logits_sample import default_tile, logits_and_sample
 from roseinfer.kernels.sampling import sample_tokens
-from roseinfer.kernels.skinny_gemm import GemmTile
+from roseinfer.kernels.skinny_gemm import MAX_ROWS, GemmTile
 from roseinfer.models.loader import BUILTIN_CONFIG_DIR
 
 
@@ -57,7 +57,7 @@ def sweep(w: torch.Tensor, rows: int, temp: float, tiles: list[tuple[GemmTile, i
         f"rows {rows} T {temp}: cuBLAS + sample_tokens {base:.1f} us ({gb * 1e3 / base:.2f} TB/s of weights)"
     )
     for i, (us, tile, rb, same) in enumerate(results):
-        is_shipped = tile == shipped and min(rb, rows) == min(MAX_FUSED_ROWS, rows)
+        is_shipped = tile == shipped and min(rb, rows) == min(MAX_ROWS, rows)
         if i < top or is_shipped:
             mark = "  (shipped)" if is_shipped else ""
             print(

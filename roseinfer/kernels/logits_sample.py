@@ -30,22 +30,21 @@ from roseinfer.kernels.skinny_gemm import (
     tile_product,
 )
 
-# Steps of more rows run the lm_head on cuBLAS, then the sampler: at 256 rows the product is no longer bound by
-# the weights' bytes, and cuBLAS computes it faster (qwen2.5-0.5b 174 us with the sampler against 209 fused at
-# best, llama-3.1-8b 467 against 623; H100, `scripts/probe_logits_sample.py`).
-MAX_FUSED_ROWS = 128
+# Steps of more rows run the lm_head on cuBLAS, then the sampler, which is faster there: at 80 / 128 rows by
+# 12 / 6 us a greedy qwen2.5-0.5b step and 27 / 12 us at T = 0.6, llama-3.1-8b's by 19 us at 128 rows (H100,
+# `scripts/ab_decode_tail.py`; with 128 rows a program, the best tile of `scripts/probe_logits_sample.py`).
+# At 256 rows cuBLAS computes the product faster still (qwen2.5-0.5b 174 us with the greedy sampler against 209).
+MAX_FUSED_ROWS = MAX_ROWS
 
 
 def default_tile(rows: int) -> GemmTile:
-    """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's, qwen3-0.6b's and llama-3.1-8b's lm_heads,
-    greedy and at T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; at
-    33-64 rows, 64-deep steps at 3 stages (at 64 rows, 131 us a sampled step against 146-163 for the 128-deep
-    tiles, and within 1% of the best greedy tile); past 64 rows, the same with 8 warps, 128 rows a program."""
+    """The tile for `rows` rows, from H100 sweeps at qwen2.5-0.5b's and qwen3-0.6b's lm_heads, greedy and at
+    T = 0.6 (`scripts/probe_logits_sample.py`): up to 32 rows, 128-deep K steps at 5 stages; past 32 rows,
+    64-deep steps at 3 stages (at 64 rows, 131 us a sampled step against 146-163 for the 128-deep tiles, and
+    within 1% of the best greedy tile)."""
     if padded_rows(rows) <= 32:
         return GemmTile(64, 128, 1, num_warps=4, num_stages=5)
-    if padded_rows(rows) <= MAX_ROWS:
-        return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
-    return GemmTile(64, 64, 1, num_warps=8, num_stages=3)
+    return GemmTile(64, 64, 1, num_warps=4, num_stages=3)
 
 
 @triton.jit
@@ -131,7 +130,7 @@ def logits_and_sample(
     tokens: torch.Tensor,  # [M] int32 or int64: each row's token is written here
     pdl: bool = False,
     tile: GemmTile | None = None,  # block_n, block_k, warps and stages (split is 1)
-    row_block: int = MAX_FUSED_ROWS,  # rows a program takes: more rows take more programs a column tile
+    row_block: int = MAX_ROWS,  # rows a program takes: more rows take more programs a column tile
 ) -> torch.Tensor:
     """Every row's logits [M, V] (h's dtype), with each row's token drawn into `tokens`, with no host sync."""
     if h.dim() != 2 or w.dim() != 2 or h.shape[1] != w.shape[1]:
