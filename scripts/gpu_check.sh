@@ -162,8 +162,8 @@ PY
       run pdl-decode '^( |qwen|batch)' python3 scripts/ab_pdl_decode.py --batches 16,32,64 --engines pdl,plain ;;
     tail)  # a decode step's lm_head and sampler: in the chain, sampling in the GEMM's epilogue, against cuBLAS + sampler
       run tail-qwen '^( |qwen)' python3 scripts/ab_decode_tail.py --batches 16,32,64 --variants fused,unfused,torch-fill
-      run tail-qwen-t06 '^( |qwen)' python3 scripts/ab_decode_tail.py --batches 64 --temperature 0.6 --variants fused,unfused
-      run tail-llama '^( |llama)' python3 scripts/ab_decode_tail.py --model-shape llama-3.1-8b --batches 8,16 --captures 2 --rounds 3 --iters 30 --variants fused,unfused
+      run tail-qwen-t06 '^( |qwen)' python3 scripts/ab_decode_tail.py --batches 64,80,128 --temperature 0.6 --variants fused,unfused
+      run tail-llama '^( |llama)' python3 scripts/ab_decode_tail.py --model-shape llama-3.1-8b --batches 8,16,32,64 --captures 2 --rounds 3 --iters 30 --variants fused,unfused
       run logits-tiles '^( |rows|qwen)' python3 scripts/probe_logits_sample.py --rows 16,32,64 --temperature 0,0.6 ;;
     layouts)  # decode linears by weight layout and BLAS library (the down GEMM's cuBLASLt choice, 4b3acf8)
       run layouts '.' python3 scripts/probe_gemm_layouts.py --batches 16,64,128,256 ;;
