@@ -264,10 +264,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self._gemv_for(input_ids):
             return self.model(input_ids, positions, ctx, one_token_gemv=True)
-        deferred = self._deferred_norm_for(input_ids, ctx)
-        return self.model(
-            input_ids, positions, ctx, deferred_norm=deferred, chain=self._chain_for(input_ids, deferred)
-        )
+        return self._forward_hidden(input_ids, positions, ctx)[0]
 
     def forward_sample(
         self,
@@ -285,11 +282,17 @@ class LlamaForCausalLM(nn.Module):
         rows = input_ids.shape[0]
         if self._gemv_for(input_ids) or rows > MAX_FUSED_ROWS or not fused_kernels_for(input_ids):
             return None
+        hidden, chained = self._forward_hidden(input_ids, positions, ctx)
+        return logits_and_sample(hidden, self.lm_head.weight, temperature, seeds, tokens, pdl=chained)
+
+    def _forward_hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, bool]:
+        """The final norm's output of a step of more than one row, and whether it ran the decode chain."""
         deferred = self._deferred_norm_for(input_ids, ctx)
         chain = self._chain_for(input_ids, deferred)
         hidden = self.model(input_ids, positions, ctx, deferred_norm=deferred, chain=chain)
-        pdl = chain is not None
-        return logits_and_sample(hidden, self.lm_head.weight, temperature, seeds, tokens, pdl=pdl)
+        return hidden, chain is not None
 
     def _deferred_norm_for(self, input_ids: torch.Tensor, ctx: ForwardContext) -> bool:
         return (
