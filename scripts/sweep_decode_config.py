@@ -71,11 +71,11 @@ class DecodeCase:
 
 
 def decode_case(
-    hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator, spread: float = 0.0
+    hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator, spread: float = 0.0, block_size: int = 16
 ) -> DecodeCase:
     """`spread` > 0 draws each sequence's length uniformly from ctx * [1 - spread, 1 + spread] (a W2-like
     batch of mixed contexts); 0 gives every sequence `ctx` keys."""
-    device, block_size = gen.device, 16
+    device = gen.device
     per_seq = -(-int(ctx * (1 + spread)) // block_size)
     kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
     kv.normal_(generator=gen)
@@ -102,8 +102,9 @@ def sweep_case(
     splits_list: list[int],
     gen: torch.Generator,
     spread: float = 0.0,
+    block_size: int = 16,
 ) -> list[tuple]:
-    case = decode_case(hq, hkv, d, ctx, gen, spread)
+    case = decode_case(hq, hkv, d, ctx, gen, spread, block_size)
     device = gen.device
     kv_bytes = 2 * int(case.seq_lens.sum()) * hkv * d * 2
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
@@ -146,6 +147,7 @@ def main() -> None:
         default=0.0,
         help="draw each sequence's length from ctx * [1 - s, 1 + s] (0: all equal)",
     )
+    parser.add_argument("--block-size", type=int, default=16, help="the KV cache's block size (tokens)")
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
     # The kernel reads a tile's block-table entries a tile ahead: at 2 stages Triton keeps one K/V tile in
@@ -161,7 +163,7 @@ def main() -> None:
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     rows = []
     for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
-        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen, args.spread)
+        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen, args.spread, args.block_size)
     print(
         "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
     )
