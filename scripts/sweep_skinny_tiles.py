@@ -5,9 +5,6 @@ GEMM, as the engine runs it off the chain) marked. GPU only.
 
     python scripts/sweep_skinny_tiles.py --model-shape qwen2.5-0.5b --batches 16,64 \
         [--block-n 16,32,64 --block-k 64,128,256 --stages 2,3,4]
-
-`--block-m 64,128` adds tiles in row blocks (0: all rows in one block, the engine's way), which batches past
-the kernel's MAX_ROWS need; there the tiles are held against cuBLAS alone.
 """
 
 from __future__ import annotations
@@ -22,14 +19,7 @@ import triton
 from roseinfer.bench.kernels import _graph_back_to_back_ms
 from roseinfer.config import ModelConfig
 from roseinfer.kernels._common import num_sms
-from roseinfer.kernels.skinny_gemm import (
-    MAX_ROWS,
-    MAX_SPLIT,
-    GemmTile,
-    padded_rows,
-    skinny_gemm,
-    skinny_tile,
-)
+from roseinfer.kernels.skinny_gemm import MAX_SPLIT, GemmTile, padded_rows, skinny_gemm, skinny_tile
 from roseinfer.models.loader import BUILTIN_CONFIG_DIR
 
 
@@ -42,21 +32,14 @@ def linears(cfg: ModelConfig) -> dict[str, tuple[int, int, bool]]:
 
 
 def candidates(
-    n: int,
-    k: int,
-    sms: int,
-    block_ns: list[int],
-    block_ks: list[int],
-    warps: list[int],
-    stages: list[int],
-    block_ms: list[int | None],
+    n: int, k: int, sms: int, block_ns: list[int], block_ks: list[int], warps: list[int], stages: list[int]
 ) -> list[GemmTile]:
     tiles = []
-    for bn, bk, warps_, stages_, bm in itertools.product(block_ns, block_ks, warps, stages, block_ms):
+    for bn, bk, warps_, stages_ in itertools.product(block_ns, block_ks, warps, stages):
         for split in (1, 2, 4, 8):
             if split > MAX_SPLIT or k // split < bk or (split > 1 and triton.cdiv(n, bn) * split > 4 * sms):
                 continue
-            tiles.append(GemmTile(bn, bk, split, warps_, stages_, bm))
+            tiles.append(GemmTile(bn, bk, split, warps_, stages_))
     return tiles
 
 
@@ -86,7 +69,6 @@ def main() -> None:
     parser.add_argument("--block-n", default="16,32,64")
     parser.add_argument("--block-k", default="64,128,256")
     parser.add_argument("--stages", default="2,3,4")
-    parser.add_argument("--block-m", default="0", help="rows a program (0: all of them, at most MAX_ROWS)")
     args = parser.parse_args()
     grid = [[int(v) for v in a.split(",")] for a in (args.block_n, args.block_k, args.warps, args.stages)]
     cfg = ModelConfig.from_path(os.path.join(BUILTIN_CONFIG_DIR, f"{args.model_shape}.json"))
@@ -101,12 +83,9 @@ def main() -> None:
             ]
             x = torch.randn(batch, k, device=device, dtype=torch.bfloat16, generator=gen)
             out = torch.zeros(batch, n, device=device, dtype=torch.bfloat16)
-            block_ms = [int(v) or None for v in args.block_m.split(",")]
-            if batch > MAX_ROWS:
-                block_ms = [bm for bm in block_ms if bm is not None]
-            shipped = skinny_tile(n, k, sms, padded_rows(batch)) if batch <= MAX_ROWS else None
-            cands = candidates(n, k, sms, *grid, block_ms)
-            if shipped is not None and shipped not in cands:
+            shipped = skinny_tile(n, k, sms, padded_rows(batch))
+            cands = candidates(n, k, sms, *grid)
+            if shipped not in cands:
                 cands.append(shipped)
             timed = []
             for t in cands:
@@ -115,19 +94,16 @@ def main() -> None:
                 except triton.runtime.errors.OutOfResources:
                     pass  # too much shared memory for the GPU
             timed.sort(key=lambda r: r[0])
+            shipped_us = next(us for us, t in timed if t == shipped)
             cublas_us = us_per_launch(weights, x, out, add, None)
             mb = n * k * 2 / 1e6
-            if shipped is None:  # past MAX_ROWS: against cuBLAS
-                base_us, head = cublas_us, f"cuBLAS {cublas_us:.2f} us ({mb / cublas_us:.2f} TB/s)"
-            else:
-                base_us = next(us for us, t in timed if t == shipped)
-                head = (
-                    f"shipped {shipped} {base_us:.2f} us ({mb / base_us:.2f} TB/s); "
-                    f"cuBLAS {cublas_us:.2f} us ({cublas_us / base_us - 1:+.1%})"
-                )
-            print(f"b={batch} {name} N={n} K={k} ({mb:.1f} MB): {head}; best of {len(timed)}:")
+            print(
+                f"b={batch} {name} N={n} K={k} ({mb:.1f} MB): shipped {shipped} {shipped_us:.2f} us "
+                f"({mb / shipped_us:.2f} TB/s); cuBLAS {cublas_us:.2f} us ({cublas_us / shipped_us - 1:+.1%}); "
+                f"best of {len(timed)}:"
+            )
             for us, t in timed[: args.top]:
-                print(f"    {us:6.2f} us ({us / base_us - 1:+.1%})  {t}")
+                print(f"    {us:6.2f} us ({us / shipped_us - 1:+.1%})  {t}")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,8 @@ H100, 24 layers in a CUDA graph, us a layer (`scripts/probe_pdl_chain.py`):
       64 |  26.8-27.0    |  30.1         | 26.0-26.4
      128 |  29.2-29.3    |  38.7-38.8    | 34.5-35.1   (the tiles stop paying: rows are capped at MAX_ROWS)
 
-A program owns BLOCK_N output columns and one share of K, for all rows (or, with a tile's `block_m`, for one
-block of rows: the programs of a column tile's row blocks launch side by side, so its weights come from L2
-after the first). With several shares (split-K, for GEMMs whose output is too narrow to fill the GPU) each
-program writes an fp32 partial and a second launch adds them up.
+A program owns BLOCK_N output columns and one share of K. With several shares (split-K, for GEMMs whose
+output is too narrow to fill the GPU) each program writes an fp32 partial and a second launch adds them up.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ class GemmTile:
     split: int
     num_warps: int = 4
     num_stages: int = 3
-    block_m: int | None = None  # rows a program: None takes all of them (at most MAX_ROWS) in one block
 
 
 def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
@@ -176,13 +173,12 @@ def _skinny_gemm_kernel(
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    """Rows [pid_m * BLOCK_M, +BLOCK_M) of columns [pid_n * BLOCK_N, +BLOCK_N) over K share pid_k: to `out`
-    (plus its old value with ADD) in one share, else as the fp32 partial `part[pid_k]`."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
+    """Columns [pid_n * BLOCK_N, +BLOCK_N) over K share pid_k: to `out` (plus its old value with ADD) in one
+    share, else as the fp32 partial `part[pid_k]`."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     k0 = pid_k * k_per_split
     # Reading the weights before the wait measured slower: programs waiting on the predecessor hold SM slots
     # and bandwidth that it needs (PERFORMANCE.md, seventeenth session).
@@ -260,9 +256,8 @@ def skinny_gemm(
     pdl: bool = False,
     tile: GemmTile | None = None,
 ) -> torch.Tensor:
-    """`x @ w.T` for x [M, K] and w [N, K], into `out` [M, N] (new if None), or added to `out` with `add` (in
-    fp32, rounded once). `pdl`: launch with programmatic dependent launch (sm_90+). M is at most MAX_ROWS,
-    unless `tile` cuts the rows into blocks (`block_m`)."""
+    """`x @ w.T` for x [M <= MAX_ROWS, K] and w [N, K], into `out` [M, N] (new if None), or added to `out`
+    with `add` (in fp32, rounded once). `pdl`: launch with programmatic dependent launch (sm_90+)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x [M, K] and w [N, K] expected, got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype != w.dtype:
@@ -271,10 +266,8 @@ def skinny_gemm(
         raise ValueError("x and w need a contiguous last dimension")
     m, k = x.shape
     n = w.shape[0]
-    if m > MAX_ROWS and (tile is None or tile.block_m is None):
-        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows without a tile's block_m, got {m}")
-    if tile is not None and tile.block_m is not None and tile.block_m != padded_rows(tile.block_m):
-        raise ValueError(f"a tile's block_m must be a power of two of at least 16, got {tile.block_m}")
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
     if out is None:
         if add:
             raise ValueError("add needs an out to add to")
@@ -287,12 +280,12 @@ def skinny_gemm(
         return out
     if k == 0:
         return out if add else out.zero_()
-    tile = tile or _default_tile(n, k, padded_rows(m), x.element_size(), x.device)
-    block_m = tile.block_m or padded_rows(m)
+    block_m = padded_rows(m)
+    tile = tile or _default_tile(n, k, block_m, x.element_size(), x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    _skinny_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, tile.block_n), split)](
+    _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
         x,
         w,
         out,

@@ -60,17 +60,6 @@ def test_skinny_gemm_chosen_tile_and_max_rows(add):
     _check(3, 300, 64, torch.float32, None, add)
 
 
-# Row blocks: rows past a block's edge, past MAX_ROWS, with and without K shares
-ROW_BLOCK_TILES = [GemmTile(16, 32, 1, block_m=16), GemmTile(32, 16, 3, block_m=32)]
-
-
-@pytest.mark.parametrize("tile", ROW_BLOCK_TILES, ids=str)
-@pytest.mark.parametrize(("m", "n", "k"), [(17, 40, 48), (MAX_ROWS + 37, 33, 70)])
-@pytest.mark.parametrize("add", [False, True], ids=["store", "add"])
-def test_skinny_gemm_row_blocks(m, n, k, tile, add):
-    _check(m, n, k, torch.float32, tile, add)
-
-
 def test_skinny_tile_follows_the_sweep():
     """qwen2.5-0.5b's and llama-3.1-8b's four decode GEMMs on 132 SMs get the tiles the H100 sweeps found
     best: at 16-32 rows the isolated sweeps', at 64 rows (the default) qwen's deeper pipelines measured in the
@@ -120,10 +109,6 @@ def test_skinny_gemm_rejects_bad_input():
     w = torch.zeros((6, 8), device=DEVICE)
     with pytest.raises(ValueError, match="at most"):
         skinny_gemm(torch.zeros((MAX_ROWS + 1, 8), device=DEVICE), w)
-    with pytest.raises(ValueError, match="at most"):  # a tile without row blocks
-        skinny_gemm(torch.zeros((MAX_ROWS + 1, 8), device=DEVICE), w, tile=GemmTile(16, 16, 1))
-    with pytest.raises(ValueError, match="power of two"):
-        skinny_gemm(x, w, tile=GemmTile(16, 16, 1, block_m=24))
     with pytest.raises(ValueError, match=r"x \[M, K\]"):
         skinny_gemm(x, torch.zeros((6, 9), device=DEVICE))
     with pytest.raises(ValueError, match="add needs"):
@@ -153,18 +138,6 @@ def test_skinny_gemm_gpu_shapes(m, n, k, dtype):
     pdl = pdl_supported(DEVICE)
     for add in (False, True):
         _check(m, n, k, dtype, None, add, pdl)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("m", [65, 256])
-@pytest.mark.parametrize(
-    "tile", [GemmTile(64, 64, 1, 4, 3, block_m=64), GemmTile(128, 64, 4, 8, 3, block_m=128)], ids=str
-)
-@pytest.mark.parametrize(("n", "k"), [(1152, 896), (9728, 896), (896, 4864)])
-def test_skinny_gemm_gpu_row_blocks(m, n, k, tile):
-    for add in (False, True):
-        _check(m, n, k, torch.bfloat16, tile, add)
 
 
 @pytest.mark.gpu
