@@ -42,7 +42,8 @@ def graph_ms(fn) -> float:
 @dataclass
 class DecodeCase:
     """A batch of BATCH sequences of `ctx` tokens in LAYERS layers of one block-major cache (shuffled
-    blocks, block size 16), with the step's new token (slots, rotary) as the decode graphs pass it."""
+    blocks, of 16 tokens unless `--block-size` says otherwise), with the step's new token (slots, rotary)
+    as the decode graphs pass it."""
 
     kv: torch.Tensor  # [blocks, LAYERS, 2, 16, Hkv, D]
     tables: torch.Tensor
