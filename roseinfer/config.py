@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from roseinfer.kv.cache_dtype import check_kv_cache_dtype_name
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -165,8 +167,10 @@ class CacheConfig:
     num_blocks: int | None = None  # explicit pool size; overrides the two below
     cpu_kv_tokens: int = 16384  # pool size in tokens when running on the CPU
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (= fp8_e4m3) | fp8_e5m2: kv/cache_dtype.py
 
     def __post_init__(self) -> None:
+        check_kv_cache_dtype_name(self.kv_cache_dtype)
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

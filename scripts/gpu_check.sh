@@ -2,7 +2,7 @@
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
 #   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
-#             peers (vLLM beside roseinfer), gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
+#             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
@@ -111,6 +111,48 @@ for shape in sys.argv[2:]:
         theirs = peer.get(w[:2], {}).get("out_tok_s")
         ratio = f"{mine / theirs:.2f}x" if theirs else "-"
         print(f"{shape:14} {w:12} {theirs or 0:15,.0f} {mine:10,.0f} {ratio:>6}")
+PY
+      ;;
+    kv-fp8)  # the KV cache in bf16 against fp8 (--kv-cache-dtype fp8): qwen decode steps, then W2 on KV_FP8_SHAPES
+             # (llama under lof-512, its best schedule), with vLLM and its own fp8 cache beside where the peers'
+             # bundle is installed (/tmp/vsite, from a peers call just before; PEERS_DIR as for peers)
+      for kv in auto fp8; do
+        run roofline-qwen-$kv '^(roofline|step|decode) ' $RI bench roofline --model-shape qwen2.5-0.5b --kv-cache-dtype $kv --batches 64,256 --prefill-tokens 512 --json "$LOGS/roofline_qwen_$kv.json"
+      done
+      P=${PEERS_DIR:-.vb5}
+      if [ ! -d /tmp/vsite/vllm ] && [ -f /tmp/vbundle.tar ]; then run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"; fi
+      for shape in ${KV_FP8_SHAPES:-qwen3-0.6b llama-3.1-8b}; do
+        policy=(); [ "$shape" = llama-3.1-8b ] && policy=(--admission-policy lof --max-num-batched-tokens 512)
+        for kv in auto fp8; do
+          run W2-$shape-$kv "$REPORT" $RI bench throughput --model-shape $shape --workload W2 --mode continuous "${policy[@]}" --kv-cache-dtype $kv --json "$LOGS/kvfp8_W2_${shape}_$kv.json"
+        done
+        if [ -d /tmp/vsite/vllm ]; then
+          config=(); [ "$shape" != qwen2.5-0.5b ] && config=(--config "roseinfer/models/configs/$shape.json")
+          run vllm-fp8-$shape '^(W1|W2):|kv_cache_dtype' env VLLM_USE_FLASHINFER_SAMPLER=0 OUT="$LOGS" PYTHONPATH=/tmp/vsite python3 scripts/vllm_kv_fp8.py "$P/bench_w1_w2.py" "${config[@]}"
+          mv -f "$LOGS/vllm_w1.json" "$LOGS/vllm_fp8_$shape.json" 2>/dev/null
+        fi
+      done
+      python3 - "$LOGS" ${KV_FP8_SHAPES:-qwen3-0.6b llama-3.1-8b} <<'PY'
+import json, os, sys
+logs = sys.argv[1]
+def load(name):
+    path = os.path.join(logs, name)
+    return json.load(open(path)) if os.path.exists(path) else None
+for kv in ("auto", "fp8"):
+    r = load(f"roofline_qwen_{kv}.json")
+    for row in (r or {}).get("rows", []):
+        if row.get("kind") == "decode" and "ms" in row:
+            print(f"qwen2.5-0.5b decode b={row['batch']} ctx={row['context']} KV {kv}: {row['ms']:.3f} ms "
+                  f"(steady {row.get('steady_ms', 0):.3f}), {row['x_floor']:.2f}x its floor")
+print(f"{'shape':14} {'W2 out tok/s':>13} {'KV auto':>9} {'KV fp8':>9} {'fp8/auto':>9} {'vLLM fp8':>9} {'ours/vLLM':>10}")
+for shape in sys.argv[2:]:
+    tput = {kv: (load(f"kvfp8_W2_{shape}_{kv}.json") or {}).get("results", {}).get("continuous", {}).get(
+        "completion_throughput") for kv in ("auto", "fp8")}
+    peer = ((load(f"vllm_fp8_{shape}.json") or {}).get("W2") or {}).get("out_tok_s")
+    a, f = tput["auto"] or 0, tput["fp8"] or 0
+    gain = f"{f / a:.3f}x" if a and f else "-"
+    vs = f"{f / peer:.2f}x" if peer and f else "-"
+    print(f"{shape:14} {'':>13} {a:9,.0f} {f:9,.0f} {gain:>9} {peer or 0:9,.0f} {vs:>10}")
 PY
       ;;
     gemv)  # batch-1 decode: the fused GEMV against cuBLAS + separate kernels, per GEMM and per step

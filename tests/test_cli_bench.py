@@ -126,7 +126,8 @@ def test_bench_throughput_takes_the_admission_policy_and_budget(capsys, tmp_path
         "--admission-policy", "lof", "--max-num-batched-tokens", "24", "--json", str(out_json),
     ]  # fmt: skip
     assert main(argv) == 0
-    assert re.search(r"^Scheduler: lof, 24 tokens a step, \d+ sequences$", capsys.readouterr().out, re.M)
+    line = r"^Scheduler: lof, 24 tokens a step, \d+ sequences; KV cache auto, \d+ blocks$"
+    assert re.search(line, capsys.readouterr().out, re.M)
     saved = json.loads(out_json.read_text())["results"]["continuous"]
     assert saved["extra"]["scheduler"]["policy"] == "lof"
     assert saved["extra"]["scheduler"]["max_num_batched_tokens"] == 24

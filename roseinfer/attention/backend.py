@@ -46,9 +46,11 @@ class AttentionBackend(ABC):
         unless it `defers_norm`)."""
         return self.defers_norm
 
-    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
-        """Compile, before serving, kernel variants that steps would otherwise meet first mid-run; reads the
-        cache, writes nothing to it. Nothing to do by default."""
+    def warm_up(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
+    ) -> None:
+        """Compile, before serving, kernel variants that steps would otherwise meet first mid-run (queries of
+        `dtype`, the model's); reads the cache, writes nothing to it. Nothing to do by default."""
         return None
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from roseinfer.attention.backend import AttentionBackend, register_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.decode_new_token import DeferredNorm
+from roseinfer.kv.cache_dtype import to_cache_dtype
 from roseinfer.profiling import record
 
 
@@ -20,8 +21,8 @@ def write_kv(
     if not bool(valid.all()):
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
-    k_cache[blocks, offsets] = k.to(k_cache.dtype)
-    v_cache[blocks, offsets] = v.to(v_cache.dtype)
+    k_cache[blocks, offsets] = to_cache_dtype(k, k_cache.dtype)
+    v_cache[blocks, offsets] = to_cache_dtype(v, v_cache.dtype)
 
 
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:

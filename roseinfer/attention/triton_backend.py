@@ -153,14 +153,16 @@ class TritonAttentionBackend(AttentionBackend):
         (H200, 6b073a4)."""
         return head_dim < 128 or batch <= 128
 
-    def warm_up(self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int) -> None:
+    def warm_up(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
+    ) -> None:
         """The decode kernel of mixed steps picks its split count from the step's decodes, and each
         power-of-two bucket of it is a kernel variant: compile them all now. (Before this, and before the
         kernel stopped specialising on the split count and the block-table width, a fresh H200 compiled
         two variants inside W2's timed run and lost a fifth of its throughput to them.)"""
         device = k_cache.device
         head_dim = k_cache.shape[-1]
-        q = torch.zeros((1, num_heads, head_dim), dtype=k_cache.dtype, device=device)
+        q = torch.zeros((1, num_heads, head_dim), dtype=dtype, device=device)
         table = torch.zeros((1, 3), dtype=torch.int32, device=device)  # a width of no special value
         seq_lens = torch.ones(1, dtype=torch.int32, device=device)
         order = torch.zeros(1, dtype=torch.int32, device=device)

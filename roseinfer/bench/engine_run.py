@@ -13,6 +13,7 @@ from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
 CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
@@ -70,6 +71,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
                 "max_num_batched_tokens": sched.max_num_batched_tokens,
                 "max_num_seqs": sched.max_num_seqs,
                 "mixed_graph_max_tokens": core.runner.mixed_graph_max_tokens,
+                "kv_cache_dtype": engine.config.cache.kv_cache_dtype,
             },
             "step_paths": {k: v - paths_before[k] for k, v in core.runner.step_paths.items()},
         },
@@ -117,6 +119,7 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
         "prefill_key_splits",
         "admission_policy",
         "mixed_graph_max_tokens",
+        "kv_cache_dtype",
     )
     for name in names:
         value = getattr(args, name, None)
@@ -143,6 +146,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     engine.add_argument("--num-kv-blocks", type=int, default=None)
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--attention-backend", default=None)
+    engine.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=sorted(KV_CACHE_DTYPES),
+        help="KV cache element type: auto (the model's, default) or fp8 (= fp8_e4m3; half the bytes) / fp8_e5m2",
+    )
     engine.add_argument("--enforce-eager", action="store_true")
     engine.add_argument(
         "--mixed-graph-max-tokens",

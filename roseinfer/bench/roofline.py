@@ -31,6 +31,7 @@ from roseinfer.bench.env import (
 )
 from roseinfer.config import ModelConfig
 from roseinfer.entrypoints.llm import LLM
+from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.models.layers import ForwardContext
 from roseinfer.runner.inputs import HostStep, upload_step
 
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-tokens", default="512,2048,8192")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES))
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument(
@@ -148,6 +150,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         load_format="dummy",
         dtype=args.dtype,
         block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_num_seqs=max(batches),
         max_num_batched_tokens=max(prefills),
         max_model_len=max_len,
@@ -196,7 +199,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
             seconds = _time(run_step, args.iters)
             steady = _time_steady(run_step, args.iters)
             floor_bytes = weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(
-                runner.dtype
+                runner.kv_dtype
             )
             floor = floor_bytes / bandwidth
             rows.append(

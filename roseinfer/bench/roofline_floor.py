@@ -19,13 +19,14 @@ def roofline_floor(
     max_num_seqs: int,
     bandwidth: float,
     tflops: float,
+    kv_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Lower bound of the run's time on this device.
 
     Prefill: 2 x matmul params x prompt tokens (the LM head only at each request's last prompt token)
     at the measured matmul rate. Decode: every decode step reads all weights once, and each generated
     token reads its context's KV once, at the measured copy bandwidth. Steps: at least the longest
-    output, and at least the decode tokens over the batch limit.
+    output, and at least the decode tokens over the batch limit. KV bytes are of `kv_dtype` (default: `dtype`).
     """
     c = model_config
     elem = torch.empty((), dtype=dtype).element_size()
@@ -35,7 +36,7 @@ def roofline_floor(
     decode_tokens = [max(0, n - 1) for n in workload.output_lens]  # the first token comes from prefill
     steps = max(max(decode_tokens), math.ceil(sum(decode_tokens) / max_num_seqs))
     weight_bytes = (layer_params + embed) * elem
-    kv_bytes = c.kv_bytes_per_token(dtype) * sum(
+    kv_bytes = c.kv_bytes_per_token(kv_dtype or dtype) * sum(
         d * (p + 1 + (d - 1) / 2) for p, d in zip(workload.prompt_lens, decode_tokens)
     )
     prefill_s = prefill_flops / (tflops * 1e12)

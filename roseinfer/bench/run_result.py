@@ -57,7 +57,8 @@ class RunResult:
             return []
         lines = [
             f"Scheduler: {s['policy']}, {s['max_num_batched_tokens']} tokens a step, "
-            f"{s['max_num_seqs']} sequences"
+            f"{s['max_num_seqs']} sequences; KV cache {s.get('kv_cache_dtype', 'auto')}, "
+            f"{self.extra.get('num_kv_blocks', '?')} blocks"
         ]
         paths = self.extra.get("step_paths")
         if paths:

@@ -29,6 +29,7 @@ from roseinfer.bench.workloads import WORKLOADS, build_workload
 from roseinfer.config import SCHEDULER_MODES
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.kv.cache_dtype import resolve_kv_cache_dtype
 from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.profiling import profile_to
 
@@ -136,7 +137,10 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
     floor: dict[str, float] | None = None
     if limits is not None:
-        floor = roofline_floor(model_config, dtype, workload, max(max_num_seqs, 1), *limits)
+        kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype or "auto", dtype)
+        floor = roofline_floor(
+            model_config, dtype, workload, max(max_num_seqs, 1), *limits, kv_dtype=kv_dtype
+        )
         print(format_roofline(floor, results + ([hf_result] if hf_result else [])), flush=True)
 
     report: dict[str, Any] = {

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
 # name -> (module defining add_arguments(parser) and run(args) -> int, one-line help)
@@ -80,6 +81,12 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=sorted(KV_CACHE_DTYPES),
+        help="KV cache element type: auto (the model's) or fp8 (= fp8_e4m3) / fp8_e5m2",
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     cache = parser.add_argument_group("prefix cache")
     cache.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
@@ -109,6 +116,7 @@ def run_generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         pinned_prefixes=args.pin_prefix,

@@ -37,6 +37,7 @@ def make_engine_config(
     num_kv_blocks: int | None = None,
     cpu_kv_tokens: int = 16384,
     enable_prefix_caching: bool = True,
+    kv_cache_dtype: str = "auto",
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 16384,
     scheduler_mode: str = "continuous",
@@ -72,7 +73,12 @@ def make_engine_config(
         model=model,
         model_config=model_config,
         cache=CacheConfig(
-            block_size, gpu_memory_utilization, num_kv_blocks, cpu_kv_tokens, enable_prefix_caching
+            block_size,
+            gpu_memory_utilization,
+            num_kv_blocks,
+            cpu_kv_tokens,
+            enable_prefix_caching,
+            kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, scheduler_mode, enable_chunked_prefill, admission_policy

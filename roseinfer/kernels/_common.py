@@ -8,6 +8,8 @@ import os
 import torch
 import triton.language as tl
 
+from roseinfer.kv.cache_dtype import check_cache_dtype
+
 LOG2E = 1.4426950408889634
 
 
@@ -89,8 +91,12 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return _TL_DTYPES[dtype]
 
 
-def check_paged_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
-    """Validate a layer's cache views; returns (block_size, num_kv_heads, head_dim)."""
+def check_paged_cache(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, q_dtype: torch.dtype
+) -> tuple[int, int, int]:
+    """Validate a layer's cache views for queries of `q_dtype`; returns (block_size, num_kv_heads, head_dim)."""
+    check_cache_dtype(k_cache.dtype, q_dtype)
+    check_cache_dtype(v_cache.dtype, q_dtype)
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise ValueError(
             f"k_cache/v_cache must be [num_blocks, block_size, num_kv_heads, head_dim] of one shape, "

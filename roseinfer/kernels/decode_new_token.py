@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.cache_cast import through_cache, to_cache
 from roseinfer.kernels.rmsnorm import scale_by_inv_rms
 
 
@@ -135,6 +136,9 @@ def attend_new_token(
         if DEFERRED_NORM:
             k_partner = scale_by_inv_rms(k_partner, inv_rms, k_bias_ptr + partner, d_mask, HAS_BIAS)
         k_tok = rotate_neox(k_tok, k_partner, cos, signed_sin)
+    cache_dtype = k_head.dtype.element_ty
+    k_tok = through_cache(k_tok, cache_dtype)
+    v_tok = through_cache(v_tok, cache_dtype)
     s_tok = tl.sum(q.to(tl.float32) * k_tok.to(tl.float32)[None, :], axis=1) * qk_scale
     m_up = tl.maximum(m_i, s_tok)
     a_up = tl.exp2(m_i - m_up)
@@ -145,7 +149,6 @@ def attend_new_token(
     if slot >= 0:
         blk = slot // BLOCK_SIZE
         off = slot % BLOCK_SIZE
-        cache_dtype = k_head.dtype.element_ty
-        tl.store(k_head + blk * stride_kb + off * stride_ks + d, k_tok.to(cache_dtype), mask=d_mask)
-        tl.store(v_head + blk * stride_vb + off * stride_vs + d, v_tok.to(cache_dtype), mask=d_mask)
+        tl.store(k_head + blk * stride_kb + off * stride_ks + d, to_cache(k_tok, cache_dtype), mask=d_mask)
+        tl.store(v_head + blk * stride_vb + off * stride_vs + d, to_cache(v_tok, cache_dtype), mask=d_mask)
     return m_up, l_i, acc

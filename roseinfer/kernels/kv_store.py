@@ -11,6 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.cache_cast import to_cache
+from roseinfer.kv.cache_dtype import check_cache_dtype, to_cache_dtype
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -52,8 +55,8 @@ def _store_kv_kernel(
     v = tl.load(v_ptr + t64 * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
     kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs + h[:, None] * stride_kch + d[None, :]
     vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs + h[:, None] * stride_vch + d[None, :]
-    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(kc, to_cache(k, k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc, to_cache(v, v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_cache(cache: torch.Tensor, name: str) -> None:
@@ -75,6 +78,8 @@ def store_kv(
     """Scatter `k`/`v` rows into the cache at `slot_mapping` in one launch; rows with a negative slot are skipped."""
     _check_cache(k_cache, "k_cache")
     _check_cache(v_cache, "v_cache")
+    check_cache_dtype(k_cache.dtype, k.dtype)
+    check_cache_dtype(v_cache.dtype, v.dtype)
     num_tokens, num_heads, head_dim = k.shape
     if v.shape != k.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
@@ -131,5 +136,5 @@ def store_kv_ref(
     slots = slots[keep]
     block_size = k_cache.shape[1]
     blk, off = slots // block_size, slots % block_size
-    k_cache[blk, off] = k[keep].to(k_cache.dtype)
-    v_cache[blk, off] = v[keep].to(v_cache.dtype)
+    k_cache[blk, off] = to_cache_dtype(k[keep], k_cache.dtype)
+    v_cache[blk, off] = to_cache_dtype(v[keep], v_cache.dtype)

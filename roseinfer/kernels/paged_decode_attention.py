@@ -180,6 +180,8 @@ def _decode_kernel(
             blks, n0, cached_end, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
             BLOCK_SIZE, BLOCK_N,
         )  # fmt: skip
+        k = k.to(q_ptr.dtype.element_ty)  # an fp8 cache's K/V widened to the model's dtype
+        v = v.to(q_ptr.dtype.element_ty)
         blks = load_tile_blocks(n0 + BLOCK_N, cached_end, bt_row, BLOCK_SIZE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask, m_i, l_i, acc, qk_scale, PRECISION, DOT_DTYPE)
 
@@ -274,7 +276,7 @@ def paged_decode_attention(
     dependent launch (`kernels/pdl.py`), reading q, the new token and the deferred norm's rows only once the
     kernel before has finished.
     """
-    block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
+    block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache, q.dtype)
     batch, num_q_heads, q_dim = q.shape
     if q_dim != head_dim:
         raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")

@@ -262,7 +262,7 @@ def paged_prefill_attention(
     tiles' keys across programs, whose partials take at most that many rows (the map's `max_rows`); 0: its
     split columns are not read.
     """
-    block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache)
+    block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache, q.dtype)
     num_tokens, num_q_heads, q_dim = q.shape
     if q_dim != head_dim:
         raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")

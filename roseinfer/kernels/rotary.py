@@ -6,6 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.cache_cast import to_cache
+from roseinfer.kv.cache_dtype import check_cache_dtype
+
 
 @triton.jit
 def _rotate_heads(
@@ -30,8 +33,8 @@ def _rotate_heads(
         a = tl.load(x, mask=m, other=0.0).to(tl.float32)
         b = tl.load(x + HALF, mask=m, other=0.0).to(tl.float32)
         y = dst + heads[:, None] * stride_dst_h + d[None, :]
-        tl.store(y, (a * cos - b * sin).to(dst.dtype.element_ty), mask=m)
-        tl.store(y + HALF, (b * cos + a * sin).to(dst.dtype.element_ty), mask=m)
+        tl.store(y, to_cache(a * cos - b * sin, dst.dtype.element_ty), mask=m)
+        tl.store(y + HALF, to_cache(b * cos + a * sin, dst.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -89,7 +92,9 @@ def _rotary_kernel(
                 m = (heads < NUM_K_HEADS)[:, None] & (e < 2 * HALF)[None, :]
                 x = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + e[None, :], mask=m)
                 tl.store(
-                    vc + heads[:, None] * stride_vch + e[None, :], x.to(v_cache_ptr.dtype.element_ty), mask=m
+                    vc + heads[:, None] * stride_vch + e[None, :],
+                    to_cache(x, v_cache_ptr.dtype.element_ty),
+                    mask=m,
                 )
     else:
         _rotate_heads(k, k, stride_kh, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_D)
@@ -127,6 +132,8 @@ def apply_rotary_and_store_kv(
         raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit k {tuple(k.shape)}")
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("the caches' last dim must be contiguous")
+    check_cache_dtype(k_cache.dtype, k.dtype)
+    check_cache_dtype(v_cache.dtype, v.dtype)
     if slot_mapping.shape[0] < k.shape[0]:
         raise ValueError("slot_mapping is shorter than k")
     _launch(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)

@@ -13,6 +13,7 @@ from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import EngineConfig
 from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.kernels.prefill_plan import TilePlanner
+from roseinfer.kv.cache_dtype import check_fp8_cache_support, resolve_kv_cache_dtype
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
@@ -66,6 +67,7 @@ class ModelRunner:
         self.cfg = config.model_config
         self.device = config.device
         self.dtype = config.dtype
+        self.kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         self.block_size = config.cache.block_size
         self.max_model_len = config.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
@@ -75,6 +77,7 @@ class ModelRunner:
         if hasattr(self.model, "one_token_gemv"):
             self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
+        check_fp8_cache_support(self.kv_dtype, self.device, config.attention_backend)
         # Eager steps' prefill tile maps, where short chunks over long prefixes are worth splitting by keys.
         self.tile_planner = (
             TilePlanner(self.cfg.num_heads, self.cfg.head_dim, self.dtype, self.device)
@@ -115,7 +118,7 @@ class ModelRunner:
     # -- KV cache ---------------------------------------------------------------------------------
 
     def block_bytes(self) -> int:
-        return self.block_size * self.cfg.kv_bytes_per_token(self.dtype)
+        return self.block_size * self.cfg.kv_bytes_per_token(self.kv_dtype)
 
     def determine_num_blocks(self) -> int:
         cache = self.config.cache
@@ -165,7 +168,7 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.cfg
         shape = (num_blocks, c.num_layers, 2, self.block_size, c.num_kv_heads, c.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -232,7 +235,9 @@ class ModelRunner:
         """Compile the attention kernel variants later steps could meet first (after allocate_kv_cache)."""
         assert self.kv_cache is not None
         if self.device.type == "cuda":
-            self.backend.warm_up(self.kv_cache[:, 0, 0], self.kv_cache[:, 0, 1], self.cfg.num_heads)
+            self.backend.warm_up(
+                self.kv_cache[:, 0, 0], self.kv_cache[:, 0, 1], self.cfg.num_heads, self.dtype
+            )
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from roseinfer.kv.cache_dtype import to_cache_dtype
+
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
@@ -16,7 +18,14 @@ TOL = {
     torch.bfloat16: (2.5e-2, 2e-2),
 }
 
-DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_IDS = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+}
+FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 def seed_of(*parts: object) -> int:
@@ -94,3 +103,16 @@ def make_paged_cache(
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
         block_size=block_size,
     )
+
+
+def assert_fp8_close(got: torch.Tensor, want: torch.Tensor, max_off_share: float = 0.1) -> None:
+    """`got`, fp8 cache rows, is `want` rounded to got's type, give or take one step of that type where `want`
+    was itself rounded on its way (bf16 then fp8 against fp32 then fp8); no more than `max_off_share` of the
+    elements may be off by that step."""
+    exact = to_cache_dtype(want, got.dtype).float()
+    g = got.float()
+    assert not torch.isnan(g).any() and not torch.isinf(g).any()
+    info = torch.finfo(got.dtype)
+    step = torch.maximum(exact.abs(), g.abs()) * info.eps + info.tiny * info.eps
+    assert ((g - exact).abs() <= step).all(), (g - exact).abs().max()
+    assert (g != exact).float().mean().item() <= max_off_share

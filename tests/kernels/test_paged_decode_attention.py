@@ -17,8 +17,18 @@ from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order
 from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.kernels.rmsnorm import scale_by_inv_rms_ref  # noqa: E402
 from roseinfer.kernels.rotary import apply_rotary_ref  # noqa: E402
+from roseinfer.kv.cache_dtype import to_cache_dtype  # noqa: E402
 from roseinfer.models.layers import RotaryEmbedding  # noqa: E402
-from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
+from tests.kernels.kernel_utils import (  # noqa: E402
+    DEVICE,
+    DTYPE_IDS,
+    FP8_DTYPES,
+    assert_close,
+    assert_fp8_close,
+    generator,
+    make_paged_cache,
+    randn,
+)
 
 
 def _order(seq_lens: list[int], kind: str | None, gen: torch.Generator) -> torch.Tensor | None:
@@ -40,11 +50,14 @@ def _run(
     num_splits: int | None,
     seed_tag: str,
     order: str | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> None:
+    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8)."""
     gen = generator(
-        "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits, order
-    )
-    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+        "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits, order,
+        cache_dtype,
+    )  # fmt: skip
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, cache_dtype or dtype, gen)
     q = randn((len(seq_lens), num_heads, head_dim), dtype, gen)
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
@@ -204,18 +217,21 @@ def _run_append(
     deferred_norm: str | None = None,
     order: str | None = None,
     pdl: bool = False,
+    cache_dtype: torch.dtype | None = None,
 ) -> None:
     """Key seq_len-1 of each sequence is the new token: NaN in the cache before the launch (the kernel must
     not read it), given unrotated in new_kv, and expected rotated in its slot afterwards.
 
     deferred_norm "bias" / "nobias": q, k and v are handed over unfinished (`DeferredNorm`): projections of
     rows far from unit rms, before their norm; the kernel must scale them by 1 / rms and add the bias.
-    `pdl`: launched as a PDL chain's member (off the GPU, where there is no PDL, only its code layout)."""
+    `pdl`: launched as a PDL chain's member (off the GPU, where there is no PDL, only its code layout).
+    `cache_dtype`: the KV cache's element type where it is not `dtype` (fp8): the new token lands rounded, and
+    attention must use it as rounded, as the reference reads it back."""
     gen = generator(
         "append", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits,
-        deferred_norm,
+        deferred_norm, cache_dtype,
     )  # fmt: skip
-    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, cache_dtype or dtype, gen)
     batch = len(seq_lens)
     lens = torch.tensor(seq_lens)
     last = (lens - 1).clamp(min=0)
@@ -274,15 +290,25 @@ def _run_append(
     )
 
     assert torch.equal(qkv, qkv_before), "q, k and v of the step must be left as they were"
-    written = cache.kv.clone()
+    written = cache.kv.to(torch.float32, copy=True)
     written[blk[has], 1, 0, off[has]] = float("nan")
     written[blk[has], 1, 1, off[has]] = float("nan")
-    torch.testing.assert_close(written, before, equal_nan=True, atol=0, rtol=0)  # nothing else written
-    assert_close(cache.k_cache[blk[has], off[has]], k_ref[has], dtype)
-    if norm is None:
-        assert torch.equal(cache.v_cache[blk[has], off[has]], v_new[has])
-    else:  # finished in the kernel: its 1 / rms may differ from the reference's in the last bit
-        assert_close(cache.v_cache[blk[has], off[has]], v_fin[has], dtype)
+    # Nothing else written.
+    torch.testing.assert_close(written, before.float(), equal_nan=True, atol=0, rtol=0)
+    k_got, v_got = cache.k_cache[blk[has], off[has]], cache.v_cache[blk[has], off[has]]
+    if cache_dtype is not None:
+        # The kernel rounds its fp32 k (and a finished v) to fp8 once; the reference went through `dtype`.
+        assert_fp8_close(k_got, k_ref[has])
+        if norm is None:
+            assert torch.equal(v_got.float(), to_cache_dtype(v_new[has], cache_dtype).float())
+        else:
+            assert_fp8_close(v_got, v_fin[has])
+    else:
+        assert_close(k_got, k_ref[has], dtype)
+        if norm is None:
+            assert torch.equal(v_got, v_new[has])
+        else:  # finished in the kernel: its 1 / rms may differ from the reference's in the last bit
+            assert_close(v_got, v_fin[has], dtype)
     ref_k, ref_v = cache.k_cache.clone(), cache.v_cache.clone()
     ref = paged_decode_attention_ref(q_ref, ref_k, ref_v, cache.block_tables, cache.seq_lens, scale)
     assert_close(out, ref, dtype)
@@ -360,6 +386,43 @@ def test_decode_new_token_twice_in_a_row() -> None:
         _run_append([300, 2, 129], 16, 4, 2, 64, torch.float32, 5, True, f"again{i}")
 
 
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_fp8_cache(cache_dtype: torch.dtype, dtype: torch.dtype, num_splits: int) -> None:
+    """An fp8 cache is read back widened to the queries' dtype: the same attention as the reference's over
+    the same (rounded) keys and values, at block and tile boundaries."""
+    _run([1, 16, 17, 45, 33], 16, 14, 2, 64, dtype, num_splits, "fp8", "longest", cache_dtype)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_fp8_cache(
+    cache_dtype: torch.dtype, dtype: torch.dtype, rope: bool, num_splits: int
+) -> None:
+    _run_append([5, 40, 16, 0, 33], 16, 14, 2, 64, dtype, num_splits, rope, "fp8", cache_dtype=cache_dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_fp8_cache_deferred_norm_pdl(num_splits: int) -> None:
+    """The decode chain's member as an fp8 engine runs it: finished in the kernel, longest first, PDL layout."""
+    _run_append(
+        [5, 40, 16, 0, 33, 1, 65], 16, 14, 2, 64, torch.bfloat16, num_splits, True, "fp8pdl", "bias", "longest",
+        True, torch.float8_e4m3fn,
+    )  # fmt: skip
+
+
+def test_decode_rejects_a_cache_of_another_dtype() -> None:
+    q = torch.zeros((1, 4, 16), dtype=torch.bfloat16, device=DEVICE)
+    kv = torch.zeros((4, 16, 2, 16), dtype=torch.float16, device=DEVICE)
+    tables = torch.zeros((1, 1), dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="KV cache must be torch.bfloat16"):
+        paged_decode_attention(q, kv, kv, tables, lens, 1.0)
+
+
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
 
 
@@ -407,4 +470,33 @@ def test_decode_new_token_gpu(dtype: torch.dtype, num_heads: int, num_kv_heads: 
         for pdl in (False, True) if pdl_supported(DEVICE) else (False,):
             _run_append(
                 lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"gpu{splits}", "bias", "longest", pdl
+            )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"),
+    [(14, 2, 64), (32, 8, 128), (16, 8, 128)],
+    ids=["qwen0.5b", "llama8b", "qwen3"],
+)
+def test_decode_fp8_cache_gpu(
+    cache_dtype: torch.dtype, dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    gen = generator("decode-fp8-gpu", cache_dtype, dtype, num_heads, num_kv_heads, head_dim)
+    lens = torch.randint(1, 3000, (24,), generator=gen).tolist() + [1, 16, 17, 4096, 0]
+    for splits in (None, 1, 7):
+        order = None if splits == 1 else "longest"
+        _run(
+            lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, f"fp8gpu{splits}", order, cache_dtype
+        )
+        _run_append(
+            lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"fp8gpu{splits}",
+            cache_dtype=cache_dtype,
+        )  # fmt: skip
+        for pdl in (False, True) if pdl_supported(DEVICE) else (False,):
+            _run_append(
+                lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"fp8gpu{splits}", "bias",
+                "longest", pdl, cache_dtype,
             )  # fmt: skip

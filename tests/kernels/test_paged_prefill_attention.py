@@ -15,7 +15,15 @@ from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention_ref,
 )
 from roseinfer.kernels.prefill_plan import TILE_ROWS, KeySplit, key_split_for, prefill_tile_map  # noqa: E402
-from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, assert_close, generator, make_paged_cache, randn  # noqa: E402
+from tests.kernels.kernel_utils import (  # noqa: E402
+    DEVICE,
+    DTYPE_IDS,
+    FP8_DTYPES,
+    assert_close,
+    generator,
+    make_paged_cache,
+    randn,
+)
 
 
 def _run(
@@ -30,12 +38,15 @@ def _run(
     block_m: int | None = None,
     block_n: int | None = None,
     pad_rows: int = 0,
+    cache_dtype: torch.dtype | None = None,
 ) -> None:
+    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8)."""
     gen = generator(
-        "prefill", seed_tag, q_lens, prefix_lens, block_size, num_heads, num_kv_heads, head_dim, dtype
-    )
+        "prefill", seed_tag, q_lens, prefix_lens, block_size, num_heads, num_kv_heads, head_dim, dtype,
+        cache_dtype,
+    )  # fmt: skip
     seq_lens = [p + n for p, n in zip(q_lens, prefix_lens, strict=True)]
-    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, cache_dtype or dtype, gen)
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)
@@ -297,7 +308,13 @@ def test_prefill_key_splits_of_any_count_match_reference(num_splits: int) -> Non
         for p in range(num_splits):
             tiles[:, t * num_splits + p] = (base[0, t], base[1, t], p, num_splits, first_row[t])
     q = randn((int(starts[-1]), 4, 32), torch.float32, gen)
-    args = (cache.k_cache, cache.v_cache, cache.block_tables, torch.from_numpy(starts).to(DEVICE), cache.seq_lens)
+    args = (
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        torch.from_numpy(starts).to(DEVICE),
+        cache.seq_lens,
+    )
     out = torch.full_like(q, float("nan"))
     paged_prefill_attention(
         q, *args, 1, 32**-0.5, out=out, block_m=16, tiles=torch.from_numpy(tiles).to(DEVICE), split_rows=512
@@ -308,6 +325,16 @@ def test_prefill_key_splits_of_any_count_match_reference(num_splits: int) -> Non
 
 
 # ---------------------------------------------------------------- GPU (compiled) at real sizes
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("case", list(CASES))
+def test_prefill_fp8_cache(cache_dtype: torch.dtype, dtype: torch.dtype, case: str) -> None:
+    """An fp8 cache is read back widened to the queries' dtype: the reference's attention over the same
+    (rounded) keys and values, across block and tile boundaries."""
+    q_lens, prefix_lens = CASES[case]
+    _run(q_lens, prefix_lens, 16, 4, 2, 64, dtype, "fp8", cache_dtype=cache_dtype)
 
 
 @pytest.mark.gpu
@@ -357,3 +384,25 @@ def test_prefill_tile_map_longer_than_a_grid_axis_gpu():
         [1, 1, 70, 3, 129], [10, 20, 0, 500, 33], 14, 2, 64, torch.bfloat16, 16, 2, spare=70_000, pad_rows=3
     )
     assert tiles.shape[1] > 65_535
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(14, 2, 64), (32, 8, 128)], ids=["qwen0.5b", "llama8b"]
+)
+def test_prefill_fp8_cache_gpu(
+    cache_dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    q_lens, prefix_lens = [1000, 1, 333, 64, 2048], [0, 900, 17, 2000, 0]
+    _run(
+        q_lens,
+        prefix_lens,
+        16,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        torch.bfloat16,
+        "fp8gpu",
+        cache_dtype=cache_dtype,
+    )

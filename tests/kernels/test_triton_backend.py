@@ -258,7 +258,7 @@ def test_warm_up_reads_the_cache_and_writes_nothing() -> None:
     gen = torch.Generator().manual_seed(3)
     kv = torch.randn((4, 1, 2, 16, 2, 32), generator=gen).to(DEVICE)
     before = kv.clone()
-    TritonAttentionBackend().warm_up(kv[:, 0, 0], kv[:, 0, 1], num_heads=4)
+    TritonAttentionBackend().warm_up(kv[:, 0, 0], kv[:, 0, 1], num_heads=4, dtype=kv.dtype)
     assert torch.equal(kv, before)
     counters = live_counters(torch.device(DEVICE))
     assert counters is None or not counters.any()
