@@ -115,13 +115,16 @@ PY
       ;;
     kv-fp8)  # the KV cache in bf16 against fp8 (--kv-cache-dtype fp8): qwen decode steps, then W2 on KV_FP8_SHAPES
              # (llama under lof-512, its best schedule), with vLLM and its own fp8 cache beside where the peers'
-             # bundle is installed (/tmp/vsite, from a peers call just before; PEERS_DIR as for peers)
-      for kv in auto fp8; do
-        run roofline-qwen-$kv '^(roofline|step|decode) ' $RI bench roofline --model-shape qwen2.5-0.5b --kv-cache-dtype $kv --batches 64,256 --prefill-tokens 512 --json "$LOGS/roofline_qwen_$kv.json"
-      done
+             # bundle is installed (/tmp/vsite, from a peers call just before; PEERS_DIR as for peers).
+             # KV_FP8_ROOFLINE=0 skips the decode steps, KV_FP8_SHAPES= (empty) the W2 runs.
+      if [ "${KV_FP8_ROOFLINE:-1}" != 0 ]; then
+        for kv in auto fp8; do
+          run roofline-qwen-$kv '^(roofline|step|decode) ' $RI bench roofline --model-shape qwen2.5-0.5b --kv-cache-dtype $kv --batches 64,256 --prefill-tokens 512 --json "$LOGS/roofline_qwen_$kv.json"
+        done
+      fi
       P=${PEERS_DIR:-.vb5}
       if [ ! -d /tmp/vsite/vllm ] && [ -f /tmp/vbundle.tar ]; then run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"; fi
-      for shape in ${KV_FP8_SHAPES:-qwen3-0.6b llama-3.1-8b}; do
+      for shape in ${KV_FP8_SHAPES-qwen3-0.6b llama-3.1-8b}; do
         policy=(); [ "$shape" = llama-3.1-8b ] && policy=(--admission-policy lof --max-num-batched-tokens 512)
         for kv in auto fp8; do
           run W2-$shape-$kv "$REPORT" $RI bench throughput --model-shape $shape --workload W2 --mode continuous "${policy[@]}" --kv-cache-dtype $kv --json "$LOGS/kvfp8_W2_${shape}_$kv.json"
@@ -132,7 +135,7 @@ PY
           mv -f "$LOGS/vllm_w1.json" "$LOGS/vllm_fp8_$shape.json" 2>/dev/null
         fi
       done
-      python3 - "$LOGS" ${KV_FP8_SHAPES:-qwen3-0.6b llama-3.1-8b} <<'PY'
+      python3 - "$LOGS" ${KV_FP8_SHAPES-qwen3-0.6b llama-3.1-8b} <<'PY'
 import json, os, sys
 logs = sys.argv[1]
 def load(name):
