@@ -5,7 +5,9 @@ longest first (`decode_order`, the engine's order). `--spread` draws unequal con
 
 Each replay runs eight layers of one block-major cache, so K/V come from HBM as in a model, not from the
 L2 a one-layer benchmark would keep them in. `graph` marks the split count a decode graph captured for a
-32k-token model length picks. Prints every case, then the three fastest per shape and context."""
+32k-token model length picks. `--kv-cache-dtype fp8` sweeps an fp8 cache, with `--fp8-dots` the dots' operand
+types to compare (`paged_decode_split.decode_dot_dtype`). Prints every case, then the three fastest per shape and
+context."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import roseinfer.kernels.paged_decode_split as launch
 from roseinfer.bench.kernels import _median_ms
 from roseinfer.kernels.decode_new_token import NewTokenKV
 from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order
+from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 
 LAYERS = 8
 BATCH = 64
@@ -72,7 +75,14 @@ class DecodeCase:
 
 
 def decode_case(
-    hq: int, hkv: int, d: int, ctx: int, gen: torch.Generator, spread: float = 0.0, block_size: int = 16
+    hq: int,
+    hkv: int,
+    d: int,
+    ctx: int,
+    gen: torch.Generator,
+    spread: float = 0.0,
+    block_size: int = 16,
+    kv_dtype: torch.dtype = torch.bfloat16,
 ) -> DecodeCase:
     """`spread` > 0 draws each sequence's length uniformly from ctx * [1 - spread, 1 + spread] (a W2-like
     batch of mixed contexts); 0 gives every sequence `ctx` keys."""
@@ -80,6 +90,7 @@ def decode_case(
     per_seq = -(-int(ctx * (1 + spread)) // block_size)
     kv = torch.empty((BATCH * per_seq, LAYERS, 2, block_size, hkv, d), dtype=torch.bfloat16, device=device)
     kv.normal_(generator=gen)
+    kv = kv.to(kv_dtype)
     tables = torch.randperm(BATCH * per_seq, generator=gen, device=device).view(BATCH, per_seq).int()
     lo, hi = int(ctx * (1 - spread)), int(ctx * (1 + spread))
     seq_lens = torch.randint(max(lo, 1), hi + 1, (BATCH,), generator=gen, device=device).int()
@@ -104,32 +115,38 @@ def sweep_case(
     gen: torch.Generator,
     spread: float = 0.0,
     block_size: int = 16,
+    kv_dtype: torch.dtype = torch.bfloat16,
+    dots: tuple[torch.dtype | None, ...] = (None,),
 ) -> list[tuple]:
-    case = decode_case(hq, hkv, d, ctx, gen, spread, block_size)
+    case = decode_case(hq, hkv, d, ctx, gen, spread, block_size, kv_dtype)
     device = gen.device
-    kv_bytes = 2 * int(case.seq_lens.sum()) * hkv * d * 2
+    kv_bytes = 2 * int(case.seq_lens.sum()) * hkv * d * case.kv.element_size()
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
-    default_config = launch.decode_config
-    now = default_config(d, torch.bfloat16)
+    default_config, default_dot = launch.decode_config, launch.decode_dot_dtype
+    now = default_config(d, torch.bfloat16, kv_dtype), default_dot(torch.bfloat16, kv_dtype)
 
     def run(splits: int) -> None:
         case.attend(splits, case.new_kv)
 
     rows = []
     longest_first = torch.from_numpy(decode_order(case.seq_lens.cpu().numpy())).to(device)
-    for config, splits, order in itertools.product(configs, splits_list, ORDERS):
+    for config, splits, order, dot in itertools.product(configs, splits_list, ORDERS, dots):
         case.order = longest_first if order == "longest-first" else None
         launch.decode_config = lambda *_, c=config: c
+        dot_now = dot or now[1]
+        launch.decode_dot_dtype = lambda *_, t=dot_now: t
+        label = f"{config} splits {splits} {order}" + (f" dots {str(dot_now)[6:]}" if dot else "")
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
-            print(f"{name} ctx {ctx} {config} splits {splits} {order}: {type(exc).__name__}")
+            print(f"{name} ctx {ctx} {label}: {type(exc).__name__}")
             continue
         finally:
-            launch.decode_config = default_config
-        engine = (("graph", splits == in_graph), ("current", config == now and order == ORDERS[1]))
+            launch.decode_config, launch.decode_dot_dtype = default_config, default_dot
+        current = (config, dot_now) == now and order == ORDERS[1]
+        engine = (("graph", splits == in_graph), ("current", current))
         mark = " ".join(m for m, on in engine if on)
-        rows.append((name, ctx, f"{config} splits {splits} {order}", ms * 1e3, kv_bytes / ms / 1e6, mark))
+        rows.append((name, ctx, label, ms * 1e3, kv_bytes / ms / 1e6, mark))
         print(f"{name} ctx {ctx} cfg {rows[-1][2]}: {ms * 1e3:.2f} us {rows[-1][4]:.0f} GB/s {mark}")
     return rows
 
@@ -149,6 +166,10 @@ def main() -> None:
         help="draw each sequence's length from ctx * [1 - s, 1 + s] (0: all equal)",
     )
     parser.add_argument("--block-size", type=int, default=16, help="the KV cache's block size (tokens)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES))
+    parser.add_argument(
+        "--fp8-dots", default="", help="with an fp8 cache: the dots' operand types to sweep (bf16,fp16)"
+    )
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--warps", default="2,4")
     # The kernel reads a tile's block-table entries a tile ahead: at 2 stages Triton keeps one K/V tile in
@@ -161,10 +182,15 @@ def main() -> None:
     shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
     contexts = [int(c) for c in args.contexts.split(",")]
     splits_list = [int(c) for c in args.splits.split(",")]
+    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, torch.bfloat16)
+    named = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dots = tuple(named[n] for n in args.fp8_dots.split(",") if n) or (None,)
     gen = torch.Generator(device=torch.device("cuda")).manual_seed(0)
     rows = []
     for (name, (hq, hkv, d)), ctx in itertools.product(shapes.items(), contexts):
-        rows += sweep_case(name, hq, hkv, d, ctx, configs, splits_list, gen, args.spread, args.block_size)
+        rows += sweep_case(
+            name, hq, hkv, d, ctx, configs, splits_list, gen, args.spread, args.block_size, kv_dtype, dots
+        )
     print(
         "\nfastest per shape and context (BLOCK_N, warps, stages), and the current config at the graph split:"
     )

@@ -170,6 +170,8 @@ def _decode_kernel(
                 q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS
             )
         q = rotate_neox(q, q_partner, cos[None, :], sin[None, :])
+    if DOT_DTYPE == tl.float16:  # bf16 queries over an fp8 cache (`decode_dot_dtype`)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0)
     q = q.to(DOT_DTYPE)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -180,8 +182,8 @@ def _decode_kernel(
             blks, n0, cached_end, k_base, v_base, d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs,
             BLOCK_SIZE, BLOCK_N,
         )  # fmt: skip
-        k = k.to(q_ptr.dtype.element_ty)  # an fp8 cache's K/V widened to the model's dtype
-        v = v.to(q_ptr.dtype.element_ty)
+        k = k.to(DOT_DTYPE)  # an fp8 cache's K/V widened (a no-op for a cache of the dots' type)
+        v = v.to(DOT_DTYPE)
         blks = load_tile_blocks(n0 + BLOCK_N, cached_end, bt_row, BLOCK_SIZE, BLOCK_N)
         m_i, l_i, acc = attend_tile(q, k, v, n_mask, m_i, l_i, acc, qk_scale, PRECISION, DOT_DTYPE)
 
@@ -308,7 +310,7 @@ def paged_decode_attention(
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
     splits_pad = triton.next_power_of_2(num_splits)
-    block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype)
+    block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype, k_cache.dtype)
     split = num_splits > 1
     if split:
         part_m, part_l, part_acc, counters = launch.split_workspace(
@@ -344,7 +346,7 @@ def paged_decode_attention(
         X_CHUNK=row_chunk(hidden),
         SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         HAS_ORDER=order is not None,
-        PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(q.dtype),
+        PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(launch.decode_dot_dtype(q.dtype, k_cache.dtype)),
         **pdl_kwargs(pdl),
         num_warps=num_warps, num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),
