@@ -97,12 +97,14 @@ def decode_config(
     # block-table entries a tile ahead, so Triton 3.6 gives the K/V loads one shared-memory buffer at 2
     # stages and two at 3. Two buffers take 70 KiB, so 3 programs fit on an SM instead of 4, and at batch
     # 64 that was 8-13% slower (H100, scripts/sweep_decode_config.py, PERFORMANCE.md).
-    # An fp8 cache takes twice the keys a tile for the same 16 KiB: b=64, ctx 4k, us a layer (H100, fp16 dots):
-    # qwen2.5-0.5b 61.1 -> 52.5, llama-3.1-8b 282.2 -> 242.9 (sweep_decode_config.py --kv-cache-dtype fp8).
-    keys = 2 if cache_dtype is not None and is_fp8(cache_dtype) else 1
     if head_dim_pad <= 64:
-        return 128 * keys, 4, 2
-    return 64 * keys, 4, 2
+        return 128, 4, 2
+    # At head_dim 128 an fp8 cache takes twice the keys a tile for the same 16 KiB: llama-3.1-8b's heads at b=64,
+    # ctx 4k, 282.2 -> 242.9 us a layer (H100, fp16 dots, sweep_decode_config.py --kv-cache-dtype fp8). At 64,
+    # 256-key tiles won at one split but cost qwen2.5-0.5b's b=64 step 8% at the several its graphs run.
+    if cache_dtype is not None and is_fp8(cache_dtype):
+        return 128, 4, 2
+    return 64, 4, 2
 
 
 def launch_options(head_dim_pad: int, dtype: torch.dtype, deferred_norm: bool) -> dict[str, int]:
