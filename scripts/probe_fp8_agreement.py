@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roseinfer import LLM, SamplingParams  # noqa: E402
-from tests.models.test_hf_parity import hf_greedy, random_prompts  # noqa: E402
+from tests.models.test_hf_parity import hf_greedy, hf_regret, random_prompts  # noqa: E402
 from tests.models.tiny_models import save_hf_model  # noqa: E402
 
 TOKENS = 4
@@ -33,15 +33,6 @@ PATHS = {  # name: LLM keyword arguments
     "triton graphs, no PDL chain": dict(attention_backend="triton", pdl_decode=False),
     "triton graphs, norms kept": dict(attention_backend="triton", fold_norms=False),
 }
-
-
-def regret(model, prompt: list[int], tokens: list[int]) -> float:
-    """Sum over the generated tokens of HF float32's top logit minus the chosen token's logit."""
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)].float()
-    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-    return float((logits.max(dim=1).values - chosen).sum())
 
 
 def main() -> None:
@@ -78,7 +69,7 @@ def main() -> None:
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
                     agree = sum(o == e for o, e in zip(outs, exact))
-                    lost = sum(regret(model, p, o) for p, o in zip(prompts, outs))
+                    lost = sum(hf_regret(model, p, o) for p, o in zip(prompts, outs))
                     print(f"{arch:8} {kv:5} {name:28} {agree:4}/{len(prompts):<4} {lost:8.2f}")
 
 

@@ -14,7 +14,7 @@ from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.models import llama
 from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
 from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
-from tests.models.test_hf_parity import hf_greedy, random_prompts
+from tests.models.test_hf_parity import hf_greedy, hf_regret, random_prompts
 from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
 
 pytestmark = pytest.mark.gpu
@@ -113,24 +113,26 @@ def test_fp8_kv_cache_triton_equals_torch_in_float32(model_dir):
 
 def test_fp8_kv_cache_half_precision_paths_agree_with_hf(model_dir):
     """bf16 with an fp8 cache, the Triton path as it serves (graphs, the decode chain where the GPU has PDL,
-    folded norms) against the torch path: as often as it, give or take one prompt, the first 4 greedy
-    tokens are HF float32's."""
+    folded norms) against the torch path, both against HF in float32: the tokens the Triton path picks fall no
+    further below HF's choices than the torch path's do (regret, `hf_regret`). Counting prompts whose tokens
+    equal HF's swings too much for this: fp8 noise flips near-ties on half the prompts, and llama's two paths,
+    equally right by regret (7.5 against 8.5 on 54 prompts, scripts/probe_fp8_agreement.py), once agreed on 4
+    and 8 of 18."""
     model, directory = model_dir
-    prompts = random_prompts(model.config.vocab_size, seed=11) + random_prompts(
-        model.config.vocab_size, seed=12
-    )
-    exact = [hf_greedy(model, p, 4) for p in prompts]
-    common = dict(device="cuda", dtype="bfloat16", kv_cache_dtype="fp8", block_size=16, num_kv_blocks=256)
-    ref = LLM(directory, attention_backend="torch", enforce_eager=True, max_num_seqs=32, **common)
-    by_torch = token_ids(ref, prompts)
-    del ref
-    free_gpu()
-    fast = LLM(directory, attention_backend="triton", enforce_eager=False, max_num_seqs=32, **common)
-    by_triton = token_ids(fast, prompts)
-    torch_agree = sum(g[:4] == w for g, w in zip(by_torch, exact))
-    triton_agree = sum(g[:4] == w for g, w in zip(by_triton, exact))
-    assert torch_agree >= len(prompts) // 3, (by_torch, exact)
-    assert triton_agree >= torch_agree - 1, (triton_agree, torch_agree)
+    vocab = model.config.vocab_size
+    prompts = [p for seed in range(11, 17) for p in random_prompts(vocab, seed=seed)]
+    common = dict(device="cuda", dtype="bfloat16", kv_cache_dtype="fp8", block_size=16, num_kv_blocks=1024)
+    regret = {}
+    for backend, eager in [("torch", True), ("triton", False)]:
+        llm = LLM(directory, attention_backend=backend, enforce_eager=eager, max_num_seqs=32, **common)
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(4), use_tqdm=False)]
+        regret[backend] = sum(hf_regret(model, p, o) for p, o in zip(prompts, outs))
+        del llm
+        free_gpu()
+    rng = np.random.default_rng(0)
+    blind = sum(hf_regret(model, p, rng.integers(3, vocab, 4).tolist()) for p in prompts)
+    assert regret["triton"] < 0.2 * blind, (regret, blind)  # a path reading garbage K/V picks blindly
+    assert regret["triton"] <= 1.25 * regret["torch"] + 0.5, regret
 
 
 def test_prefix_cache_and_preemption_on_gpu(model_dir):

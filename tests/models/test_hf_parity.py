@@ -26,6 +26,16 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+def hf_regret(model, prompt: list[int], tokens: list[int]) -> float:
+    """How far `tokens`, generated greedily after `prompt` by some other path, fall below HF's own choices: the
+    sum over them of HF's top logit minus the chosen token's (near-ties cost little, a wrong token much)."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)].float()
+    chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    return float((logits.max(dim=1).values - chosen).sum())
+
+
 def engine_prefill_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     """Logits at every prompt position, computed by the engine's runner through the paged cache."""
     core = llm.engine.core
