@@ -135,7 +135,9 @@ def sweep_case(
         launch.decode_config = lambda *_, c=config: c
         dot_now = dot or now[1]
         launch.decode_dot_dtype = lambda *_, t=dot_now: t
-        label = f"{config} splits {splits} {order}" + (f" dots {str(dot_now)[6:]}" if dot else "")
+        label = f"{config} splits {splits} {order}" + (
+            f" dots {str(dot_now).removeprefix('torch.')}" if dot else ""
+        )
         try:
             ms = graph_ms(lambda s=splits: run(s)) / LAYERS
         except Exception as exc:  # a config whose tiles do not fit the SM
