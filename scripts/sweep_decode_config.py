@@ -6,7 +6,7 @@ longest first (`decode_order`, the engine's order). `--spread` draws unequal con
 Each replay runs eight layers of one block-major cache, so K/V come from HBM as in a model, not from the
 L2 a one-layer benchmark would keep them in. `graph` marks the split count a decode graph captured for a
 32k-token model length picks. `--kv-cache-dtype fp8` sweeps an fp8 cache, with `--fp8-dots` the dots' operand
-types to compare (`paged_decode_split.decode_dot_dtype`). Prints every case, then the three fastest per shape and
+types to compare (`_common.attention_dot_dtype`). Prints every case, then the three fastest per shape and
 context."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def sweep_case(
     device = gen.device
     kv_bytes = 2 * int(case.seq_lens.sum()) * hkv * d * case.kv.element_size()
     in_graph = choose_num_splits(BATCH, hkv, 32768, device)
-    default_config, default_dot = launch.decode_config, launch.decode_dot_dtype
+    default_config, default_dot = launch.decode_config, pda.attention_dot_dtype
     now = default_config(d, torch.bfloat16, kv_dtype), default_dot(torch.bfloat16, kv_dtype)
 
     def run(splits: int) -> None:
@@ -134,7 +134,7 @@ def sweep_case(
         case.order = longest_first if order == "longest-first" else None
         launch.decode_config = lambda *_, c=config: c
         dot_now = dot or now[1]
-        launch.decode_dot_dtype = lambda *_, t=dot_now: t
+        pda.attention_dot_dtype = lambda *_, t=dot_now: t
         label = f"{config} splits {splits} {order}" + (
             f" dots {str(dot_now).removeprefix('torch.')}" if dot else ""
         )
@@ -144,7 +144,7 @@ def sweep_case(
             print(f"{name} ctx {ctx} {label}: {type(exc).__name__}")
             continue
         finally:
-            launch.decode_config, launch.decode_dot_dtype = default_config, default_dot
+            launch.decode_config, pda.attention_dot_dtype = default_config, default_dot
         current = (config, dot_now) == now and order == ORDERS[1]
         engine = (("graph", splits == in_graph), ("current", current))
         mark = " ".join(m for m, on in engine if on)

@@ -4,7 +4,8 @@ cached prefix gives few q tiles (tiles x heads programs), which may not fill the
 tile.
 
 Times one launch (triton's do_bench, median) per (shape, case, tile) and prints us and TFLOP/s. A tile is
-MxN (warps and stages from `prefill_config`) or MxNxWxS.
+MxN (warps and stages from `prefill_config`) or MxNxWxS. `--kv-cache-dtype fp8` reads K/V from an fp8 cache;
+`--fp8-dots bf16,fp16` then times each dot type the K/V may widen to (`_common.attention_dot_dtype`).
 
     python scripts/sweep_prefill_tiles.py [--tiles 128x32,64x32,64x64,32x64,128x128x8x2] [--shapes llama-3.1-8b]
 """
@@ -19,6 +20,7 @@ import triton
 
 import roseinfer.kernels.paged_prefill_attention as prefill
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
+from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 
 HEADS = {"llama-3.1-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 # (chunk tokens, cached prefix tokens) per sequence of the step
@@ -33,15 +35,20 @@ CASES = {
 }
 
 
-def build(case: list[tuple[int, int]], heads: tuple[int, int, int], block_size: int = 16):
+def build(
+    case: list[tuple[int, int]],
+    heads: tuple[int, int, int],
+    block_size: int = 16,
+    cache_dtype: torch.dtype = torch.bfloat16,
+):
     hq, hkv, d = heads
     dev = torch.device("cuda")
     total = sum(c for c, _ in case)
     seq_lens = [c + p for c, p in case]
     width = max(-(-s // block_size) for s in seq_lens)
     num_blocks = width * len(case) + 1
-    k = torch.randn(num_blocks, block_size, hkv, d, device=dev, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    k = torch.randn(num_blocks, block_size, hkv, d, device=dev, dtype=torch.bfloat16).to(cache_dtype)
+    v = torch.randn_like(k, dtype=torch.bfloat16).to(cache_dtype)
     tables = torch.arange(len(case) * width, device=dev, dtype=torch.int32).view(len(case), width) + 1
     q = torch.randn(total, hq, d, device=dev, dtype=torch.bfloat16)
     starts = [0]
@@ -67,29 +74,55 @@ def with_warps_stages(launch, warps: int, stages: int):
     return run
 
 
+def with_dot_dtype(launch, dot: torch.dtype):
+    """`launch` with its dots in `dot` (the type an fp8 cache's K/V widen to)."""
+    shipped = prefill.attention_dot_dtype
+
+    def run() -> None:
+        prefill.attention_dot_dtype = lambda *_: dot
+        try:
+            launch()
+        finally:
+            prefill.attention_dot_dtype = shipped
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiles", default="128x32,64x32,64x64,32x64")
     parser.add_argument("--shapes", default=",".join(HEADS))
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES))
+    parser.add_argument("--fp8-dots", default="", help="e.g. bf16,fp16: each dot type an fp8 cache's K/V widen to")
     args = parser.parse_args()
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
-    print(f"{'shape':14s}{'case':20s}" + "".join(f"{'x'.join(map(str, t)) + ' us':>16s}" for t in tiles))
+    dot_types = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dots = [dot_types[t] for t in args.fp8_dots.split(",") if t] or [None]
+    columns = [(t, dot) for t in tiles for dot in dots]
+    cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, torch.bfloat16)
+    print(f"K/V cache {cache_dtype}")
+    head = [
+        "x".join(map(str, t)) + (f" {str(dot).removeprefix('torch.')}" if dot else "") + " us" for t, dot in columns
+    ]
+    print(f"{'shape':14s}{'case':20s}" + "".join(f"{h:>24s}" for h in head))
     for shape in args.shapes.split(","):
         heads = HEADS[shape]
         for name in args.cases.split(","):
-            q, k, v, tables, qsl, sl, longest, flops = build(CASES[name], heads)
+            q, k, v, tables, qsl, sl, longest, flops = build(CASES[name], heads, cache_dtype=cache_dtype)
             launch = functools.partial(
                 paged_prefill_attention, q, k, v, tables, qsl, sl, longest, heads[2] ** -0.5
             )
             cells = []
-            for m, n, *warps_stages in tiles:
+            for (m, n, *warps_stages), dot in columns:
                 fn = functools.partial(launch, block_m=m, block_n=n)
                 if warps_stages:
                     fn = with_warps_stages(fn, *warps_stages)
+                if dot is not None:
+                    fn = with_dot_dtype(fn, dot)
                 us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
                 cells.append(f"{us:7.1f} ({flops / us / 1e6:4.0f})")
-            print(f"{shape:14s}{name:20s}" + "".join(f"{c:>16s}" for c in cells), flush=True)
+            print(f"{shape:14s}{name:20s}" + "".join(f"{c:>24s}" for c in cells), flush=True)
     print("us per launch (TFLOP/s); do_bench zeroes L2 before each launch")
 
 

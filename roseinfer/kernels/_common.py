@@ -8,7 +8,7 @@ import os
 import torch
 import triton.language as tl
 
-from roseinfer.kv.cache_dtype import check_cache_dtype
+from roseinfer.kv.cache_dtype import check_cache_dtype, is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -89,6 +89,16 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     if dtype == torch.bfloat16 and is_interpret():
         return tl.float32
     return _TL_DTYPES[dtype]
+
+
+def attention_dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> torch.dtype:
+    """The operand type of attention's two dots over a cache of `cache_dtype`. An fp8 cache's K/V widen to
+    fp16 where the model is bf16: e4m3 -> f16 is one conversion instruction a pair, e4m3 -> bf16 goes through
+    fp32, and fp16 holds every fp8 value and the softmax weights with more mantissa than bf16 (the kernels
+    clamp q to fp16's range). Otherwise the queries' own type (`dot_dtype` narrows it further)."""
+    if is_fp8(cache_dtype) and q_dtype == torch.bfloat16:
+        return torch.float16
+    return q_dtype
 
 
 def check_paged_cache(

@@ -29,6 +29,7 @@ import triton.language as tl
 from roseinfer.kernels import paged_decode_split as launch
 from roseinfer.kernels._common import (
     LOG2E,
+    attention_dot_dtype,
     check_paged_cache,
     dot_dtype,
     dot_precision,
@@ -170,7 +171,7 @@ def _decode_kernel(
                 q_partner, inv_rms, bias_ptr + q_bias + partner[None, :], q_mask, HAS_BIAS
             )
         q = rotate_neox(q, q_partner, cos[None, :], sin[None, :])
-    if DOT_DTYPE == tl.float16:  # bf16 queries over an fp8 cache (`decode_dot_dtype`)
+    if DOT_DTYPE == tl.float16:  # bf16 queries over an fp8 cache (`attention_dot_dtype`)
         q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0)
     q = q.to(DOT_DTYPE)
 
@@ -346,7 +347,7 @@ def paged_decode_attention(
         X_CHUNK=row_chunk(hidden),
         SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         HAS_ORDER=order is not None,
-        PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(launch.decode_dot_dtype(q.dtype, k_cache.dtype)),
+        PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)),
         **pdl_kwargs(pdl),
         num_warps=num_warps, num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),

@@ -74,16 +74,6 @@ def live_counters(device: torch.device) -> torch.Tensor | None:
     return _COUNTERS.get(_key(device))
 
 
-def decode_dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> torch.dtype:
-    """The operand type of the kernel's two dots. An fp8 cache's K/V widen to fp16 where the model is bf16:
-    e4m3 -> f16 is one conversion instruction a pair, e4m3 -> bf16 goes through fp32, and fp16 holds every
-    fp8 value and the softmax weights with more mantissa than bf16 (q is clamped to fp16's range). Under the
-    interpreter, and otherwise, the queries' own type (`_common.dot_dtype` narrows it further)."""
-    if is_fp8(cache_dtype) and q_dtype == torch.bfloat16 and not is_interpret():
-        return torch.float16
-    return q_dtype
-
-
 def decode_config(
     head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None
 ) -> tuple[int, int, int]:

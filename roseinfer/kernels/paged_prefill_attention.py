@@ -20,6 +20,7 @@ import triton.language as tl
 
 from roseinfer.kernels._common import (
     LOG2E,
+    attention_dot_dtype,
     check_paged_cache,
     dot_dtype,
     dot_precision,
@@ -115,6 +116,8 @@ def _prefill_kernel(
         mask=row_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
+    if DOT_DTYPE == tl.float16:  # bf16 queries over an fp8 cache (`attention_dot_dtype`): K/V widen to fp16
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     q_pos = prefix + rows
 
     # Keys at positions <= prefix + m0 are visible to every row of the tile; whole tiles of them need no mask.
@@ -343,7 +346,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         PRECISION=dot_precision(q.dtype),
-        DOT_DTYPE=dot_dtype(q.dtype),
+        DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)),
         TILE_MAP=tile_map,
         KEY_SPLIT=tile_map and split_rows > 0,
         num_warps=num_warps if block_m >= 64 else 4,

@@ -52,7 +52,7 @@ def attend_tile(
     else:
         k = tl.load(k_ptrs, mask=d_mask[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
-    k = k.to(q.dtype)  # an fp8 cache's K/V widened to the model's dtype (a no-op otherwise)
+    k = k.to(q.dtype)  # an fp8 cache's K/V widened to the dots' type (a no-op otherwise)
     v = v.to(q.dtype)
     s = tl.dot(q.to(DOT_DTYPE), tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * qk_scale
     if CAUSAL:

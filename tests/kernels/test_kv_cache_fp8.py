@@ -176,15 +176,14 @@ def test_fp8_cache_logits_stay_close_to_the_full_precision_cache(arch, tmp_path)
     assert top["fp8"] >= 0.75 and top["fp8_e5m2"] >= 0.55, top
 
 
-def test_decode_dots_take_fp16_for_bf16_queries_over_an_fp8_cache() -> None:
-    """On a GPU an fp8 cache's K/V widen to fp16 for bf16 queries (one conversion instruction a pair); the
-    interpreter, other caches and other query types keep the queries' own type."""
-    from roseinfer.kernels._common import is_interpret
-    from roseinfer.kernels.paged_decode_split import decode_dot_dtype
+def test_attention_dots_take_fp16_for_bf16_queries_over_an_fp8_cache() -> None:
+    """An fp8 cache's K/V widen to fp16 for bf16 queries (one conversion instruction a pair), under the
+    interpreter too; other caches and other query types keep the queries' own type."""
+    from roseinfer.kernels._common import attention_dot_dtype
 
     e4m3, e5m2, bf16 = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
-    assert decode_dot_dtype(bf16, e4m3) == (bf16 if is_interpret() else torch.float16)
-    assert decode_dot_dtype(bf16, e5m2) == (bf16 if is_interpret() else torch.float16)
-    assert decode_dot_dtype(bf16, bf16) == bf16
-    assert decode_dot_dtype(torch.float16, e4m3) == torch.float16
-    assert decode_dot_dtype(torch.float32, e4m3) == torch.float32
+    assert attention_dot_dtype(bf16, e4m3) == torch.float16
+    assert attention_dot_dtype(bf16, e5m2) == torch.float16
+    assert attention_dot_dtype(bf16, bf16) == bf16
+    assert attention_dot_dtype(torch.float16, e4m3) == torch.float16
+    assert attention_dot_dtype(torch.float32, e4m3) == torch.float32

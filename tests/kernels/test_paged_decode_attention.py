@@ -51,14 +51,18 @@ def _run(
     seed_tag: str,
     order: str | None = None,
     cache_dtype: torch.dtype | None = None,
+    q_beyond_fp16: bool = False,
 ) -> None:
-    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8)."""
+    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8). `q_beyond_fp16`: some query
+    elements at +-1e5, which the kernel clamps to fp16's range where its dots run in fp16 (so does the reference)."""
     gen = generator(
         "decode", seed_tag, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, num_splits, order,
         cache_dtype,
     )  # fmt: skip
     cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, cache_dtype or dtype, gen)
     q = randn((len(seq_lens), num_heads, head_dim), dtype, gen)
+    if q_beyond_fp16:
+        q[::3, :, 0], q[1::3, :, 1] = 1e5, -1e5
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
     res = paged_decode_attention(
@@ -73,8 +77,9 @@ def _run(
         order=_order(seq_lens, order, gen),
     )
     assert res.data_ptr() == out.data_ptr()
+    q_ref = q.clamp(-65504, 65504) if q_beyond_fp16 else q
     ref = paged_decode_attention_ref(
-        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, scale
+        q_ref, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, scale
     )
     assert_close(out, ref, dtype)
 
@@ -393,6 +398,15 @@ def test_decode_fp8_cache(cache_dtype: torch.dtype, dtype: torch.dtype, num_spli
     """An fp8 cache is read back widened to the queries' dtype: the same attention as the reference's over
     the same (rounded) keys and values, at block and tile boundaries."""
     _run([1, 16, 17, 45, 33], 16, 14, 2, 64, dtype, num_splits, "fp8", "longest", cache_dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_fp8_cache_clamps_bf16_queries_to_fp16(num_splits: int) -> None:
+    """bf16 queries over an fp8 cache meet K/V in fp16 dots: elements past fp16's range are clamped, not inf."""
+    _run(
+        [1, 16, 17, 45, 33], 16, 14, 2, 64, torch.bfloat16, num_splits, "fp8big", "longest", torch.float8_e4m3fn,
+        q_beyond_fp16=True,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)

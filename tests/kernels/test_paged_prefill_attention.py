@@ -39,8 +39,10 @@ def _run(
     block_n: int | None = None,
     pad_rows: int = 0,
     cache_dtype: torch.dtype | None = None,
+    q_beyond_fp16: bool = False,
 ) -> None:
-    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8)."""
+    """`cache_dtype`: the KV cache's element type where it is not `dtype` (fp8). `q_beyond_fp16`: some query
+    elements at +-1e5, which the kernel clamps to fp16's range where its dots run in fp16 (so does the reference)."""
     gen = generator(
         "prefill", seed_tag, q_lens, prefix_lens, block_size, num_heads, num_kv_heads, head_dim, dtype,
         cache_dtype,
@@ -53,6 +55,8 @@ def _run(
     num_tokens = starts[-1] + pad_rows
     query_start_loc = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
     q = randn((num_tokens, num_heads, head_dim), dtype, gen)
+    if q_beyond_fp16:
+        q[::3, :, 0], q[1::3, :, 1] = 1e5, -1e5
     scale = head_dim**-0.5
     out = torch.full_like(q, float("nan"))
     args = (
@@ -66,7 +70,7 @@ def _run(
     )
     res = paged_prefill_attention(q, *args, out=out, block_m=block_m, block_n=block_n)
     assert res.data_ptr() == out.data_ptr()
-    ref = paged_prefill_attention_ref(q, *args)
+    ref = paged_prefill_attention_ref(q.clamp(-65504, 65504) if q_beyond_fp16 else q, *args)
     covered = starts[-1]
     assert_close(out[:covered], ref[:covered], dtype)
     if pad_rows:
@@ -335,6 +339,12 @@ def test_prefill_fp8_cache(cache_dtype: torch.dtype, dtype: torch.dtype, case: s
     (rounded) keys and values, across block and tile boundaries."""
     q_lens, prefix_lens = CASES[case]
     _run(q_lens, prefix_lens, 16, 4, 2, 64, dtype, "fp8", cache_dtype=cache_dtype)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
+def test_prefill_fp8_cache_clamps_bf16_queries_to_fp16(cache_dtype: torch.dtype) -> None:
+    """bf16 queries over an fp8 cache meet K/V in fp16 dots: elements past fp16's range are clamped, not inf."""
+    _run([20, 3, 17], [0, 47, 16], 16, 4, 2, 64, torch.bfloat16, "fp8big", cache_dtype=cache_dtype, q_beyond_fp16=True)
 
 
 @pytest.mark.gpu
