@@ -65,7 +65,7 @@ def with_warps_stages(launch, warps: int, stages: int):
     shipped = prefill.prefill_config
 
     def run() -> None:
-        prefill.prefill_config = lambda d, dtype: (*shipped(d, dtype)[:2], warps, stages)
+        prefill.prefill_config = lambda d, *dtypes: (*shipped(d, *dtypes)[:2], warps, stages)
         try:
             launch()
         finally:

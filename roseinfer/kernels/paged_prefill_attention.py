@@ -285,7 +285,7 @@ def paged_prefill_attention(
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype)
+    cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype, k_cache.dtype)
     block_n = block_n or cfg_n
     part_m = part_l = part_acc = out  # not read unless the keys are split
     counters = query_start_loc
