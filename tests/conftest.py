@@ -19,13 +19,19 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``gpu`` when no CUDA device is present (the one allowed conditional skip)."""
+    """Skip tests marked ``gpu`` when no CUDA device is present, and tests marked ``interpreter`` when one is
+    (the two allowed conditional skips): Triton runs its kernels on CPU tensors only in its interpreter, which
+    is off wherever CUDA is."""
     if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+        skip, marker = (
+            pytest.mark.skip(reason="Triton on CPU tensors needs its interpreter (no CUDA)"),
+            "interpreter",
+        )
+    else:
+        skip, marker = pytest.mark.skip(reason="needs a CUDA GPU"), "gpu"
     for item in items:
-        if item.get_closest_marker("gpu") is not None:
-            item.add_marker(skip_gpu)
+        if item.get_closest_marker(marker) is not None:
+            item.add_marker(skip)
 
 
 # ---------------------------------------------------------------------------

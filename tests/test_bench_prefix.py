@@ -25,6 +25,7 @@ from roseinfer.bench import (
     prefix_online,
     prefix_plots,
 )
+from roseinfer.bench.env import device_name
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.cli import BENCH_COMMANDS, main
@@ -80,7 +81,7 @@ def test_registered_and_header(run_all):
     for key, value in {
         "workload": "W4,W3,W5,cow-micro,W2",
         "model_shape": "tiny-llama",
-        "device": "cpu",
+        "device": device_name(),
         "command": "roseinfer bench prefix --model-shape tiny-llama --workload all",
         "scaled": "True",
     }.items():
@@ -153,10 +154,14 @@ def test_w5_copy_on_write_stays_batched(run_all):
 def test_cow_micro(run_all):
     text, report, _ = run_all
     rows = table(text, "cow-micro")
-    assert [r["path"] for r in rows] == [
-        "torch backend.copy_blocks (indices on device)",
-        "runner.copy_blocks (indices uploaded)",
-    ]
+    # The engine runs where the bench does: on a GPU the Triton backend, and the Triton kernel beside it.
+    on_device = (
+        ["triton backend.copy_blocks", "triton kernels.block_copy"]
+        if torch.cuda.is_available()
+        else ["torch backend.copy_blocks"]
+    )
+    want = [f"{name} (indices on device)" for name in on_device] + ["runner.copy_blocks (indices uploaded)"]
+    assert [r["path"] for r in rows] == want
     cow = report["results"]["cow-micro"]
     assert cow["identical"] is True and cow["num_copies"] == 4 and cow["block_size"] == 64
     for r in cow["rows"]:

@@ -293,7 +293,12 @@ def paged_prefill_attention(
     if tiles is not None:
         if block_m is None:
             raise ValueError("a tile map needs the block_m it was built with")
-        if tiles.dim() != 2 or tiles.shape[0] != TILE_ROWS or tiles.dtype != torch.int32 or tiles.stride(1) != 1:
+        if (
+            tiles.dim() != 2
+            or tiles.shape[0] != TILE_ROWS
+            or tiles.dtype != torch.int32
+            or tiles.stride(1) != 1
+        ):
             raise ValueError(f"tiles must be a [{TILE_ROWS}, N] int32 tensor with contiguous rows")
         if num_tokens == 0 or tiles.shape[1] == 0:
             return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from operator import attrgetter
 
 import numpy as np
@@ -61,6 +62,18 @@ class StepFuture:
         return out
 
 
+def release_dead_engines(device: torch.device) -> None:
+    """Free what earlier engines of this process left in reference cycles before this one sizes itself.
+
+    An engine dropped by its owner can survive in a cycle until Python's cyclic collector happens to run
+    (the first model built in a process is one: torch's lazy imports under the meta device leave a
+    traceback cycle holding every constructor frame), and its KV cache would count as this engine's use.
+    """
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model_path: str, model: nn.Module | None = None) -> None:
         self.config = config
@@ -71,6 +84,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.max_model_len = config.max_model_len
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        release_dead_engines(self.device)
         self.model = model or build_model(
             self.cfg, model_path, config.load_format, self.dtype, self.device, self.max_model_len, config.seed
         )

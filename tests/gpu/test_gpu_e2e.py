@@ -149,6 +149,24 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
     assert on.engine.core.scheduler.num_preemptions > 0
 
 
+def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
+    """A dropped engine caught in a reference cycle lives until gc runs (the first one a process builds
+    always is); the next engine collects it before measuring memory, and sizes its cache as the first did."""
+    free_gpu()
+    gc.disable()
+    try:
+        first = LLM(llama_dir, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.5)
+        assert first.generate([[1, 2, 3]], greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+        blocks = first.engine.core.num_blocks
+        first.engine.core.runner.owner = first
+        del first
+        assert torch.cuda.memory_allocated() > 0.4 * torch.cuda.mem_get_info()[1]  # still held
+        second = LLM(llama_dir, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.5)
+        assert abs(second.engine.core.num_blocks - blocks) <= 0.01 * blocks
+    finally:
+        gc.enable()
+
+
 def fp32_triton_engine(directory: str, eager: bool, **kwargs) -> LLM:
     return LLM(
         directory,

@@ -1,5 +1,5 @@
-"""`bench fused`: each op's Triton call and torch reference see fresh inputs and agree (CPU: timer and
-torch.compile stubbed; the GPU test runs it for real)."""
+"""`bench fused`: each op's Triton call and torch reference see fresh inputs and agree (timer and torch.compile
+stubbed; the GPU test runs them for real)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 import roseinfer.bench.fused_ops as fused
 from roseinfer.config import ModelConfig
+from tests.kernels.kernel_utils import DEVICE
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def test_each_case_compares_fresh_inputs(make, qwen, monkeypatch):
     monkeypatch.setattr(fused, "_graph_back_to_back_ms", lambda fn, n: (calls.append(n), fn(), 0.5)[-1])
     monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
     with torch.inference_mode():
-        row = fused.bench_case(make(qwen, 3, torch.Generator().manual_seed(0)), copy_bytes_per_s=1e12)
+        row = fused.bench_case(make(qwen, 3, torch.Generator(DEVICE).manual_seed(0)), copy_bytes_per_s=1e12)
     # In-place ops (the residual, rotary's q and k) would compare a twice-applied op if inputs were shared.
     assert row["err_triton"] < 0.1 and row["err_compiled"] == 0.0, row
     assert calls == [fused.LAUNCHES] * 3
@@ -33,7 +34,7 @@ def test_each_case_compares_fresh_inputs(make, qwen, monkeypatch):
 
 
 def test_shared_inputs_would_be_caught(qwen):
-    case = fused._rotary_case(qwen, 3, torch.Generator().manual_seed(0))
+    case = fused._rotary_case(qwen, 3, torch.Generator(DEVICE).manual_seed(0))
     shared = case.inputs()
     ours = case.triton(*shared)
     twice = case.reference(*shared)  # rotates the already rotated q and k

@@ -19,6 +19,9 @@ from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import make_hf_model
 
 MAX_TOKENS = 4
+# Engines on the CPU with Triton kernels: where CUDA is, the interpreter is off and these paths are the GPU
+# tests' (tests/gpu/test_gpu_e2e.py), compiled.
+pytestmark = pytest.mark.interpreter
 
 
 @pytest.fixture

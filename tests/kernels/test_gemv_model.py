@@ -15,6 +15,10 @@ from roseinfer import LLM, SamplingParams
 from tests.models.test_hf_parity import hf_greedy, random_prompts
 from tests.models.tiny_models import save_hf_model
 
+# An engine on the CPU with Triton GEMVs: where CUDA is, the interpreter is off and the GPU tests run this
+# path compiled.
+pytestmark = pytest.mark.interpreter
+
 
 @pytest.fixture
 def gemv_on_cpu(monkeypatch):

@@ -344,7 +344,8 @@ def test_prefill_fp8_cache(cache_dtype: torch.dtype, dtype: torch.dtype, case: s
 @pytest.mark.parametrize("cache_dtype", FP8_DTYPES, ids=DTYPE_IDS.get)
 def test_prefill_fp8_cache_clamps_bf16_queries_to_fp16(cache_dtype: torch.dtype) -> None:
     """bf16 queries over an fp8 cache meet K/V in fp16 dots: elements past fp16's range are clamped, not inf."""
-    _run([20, 3, 17], [0, 47, 16], 16, 4, 2, 64, torch.bfloat16, "fp8big", cache_dtype=cache_dtype, q_beyond_fp16=True)
+    lens, prefixes = [20, 3, 17], [0, 47, 16]
+    _run(lens, prefixes, 16, 4, 2, 64, torch.bfloat16, "fp8big", cache_dtype=cache_dtype, q_beyond_fp16=True)
 
 
 @pytest.mark.gpu
