@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
-from roseinfer.bench.env import bench_header, format_header, git_commit, measure_copy_bandwidth
+from roseinfer.bench.env import bench_header, device_name, format_header, git_commit, measure_copy_bandwidth
 from roseinfer.bench.throughput import build_hf_model, export_to_hf, roofline_floor
 from roseinfer.bench.workloads import build_workload, token_id_range
 from roseinfer.entrypoints.cli import BENCH_COMMANDS, main
@@ -84,7 +84,7 @@ def test_bench_throughput_all_modes_with_hf_peer(workload, capsys, tmp_path):
     for key, value in {
         "workload": workload,
         "model_shape": "tiny-llama",
-        "device": "cpu",
+        "device": device_name(),
         "command": "roseinfer bench throughput --model-shape tiny-llama",
     }.items():
         assert re.search(rf"^# {key}\s*: {re.escape(value)}", text, re.M), f"header lacks {key}"
