@@ -16,7 +16,9 @@ reads past its buffers.
 from __future__ import annotations
 
 import bisect
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +65,23 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Te
     gumbel = -torch.log(-torch.log(torch.rand_like(scores).clamp_(min=1e-20)))
     noisy = (scores / t.clamp(min=1e-20) + gumbel).argmax(dim=-1)
     return torch.where(temperature > 0, noisy, scores.argmax(dim=-1))
+
+
+def held_weakly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, holding a bound method's object weakly. The graphs live inside the runner whose forward they
+    call: a strong bound method would tie them in a cycle, and a dropped engine would keep its cache on
+    the GPU until Python's cyclic collector happened to run."""
+    if not hasattr(fn, "__self__"):
+        return fn
+    method = weakref.WeakMethod(fn)
+
+    def call(*args: Any) -> Any:
+        bound = method()
+        if bound is None:
+            raise RuntimeError("the runner these graphs belong to is gone")
+        return bound(*args)
+
+    return call
 
 
 @torch.inference_mode()
@@ -126,7 +145,7 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         block_size: int,
     ) -> None:
-        self.forward_sample = forward_sample
+        self.forward_sample = held_weakly(forward_sample)
         self.device = device
         self.sizes = graph_batch_sizes(max_batch)
         self.max_batch = self.sizes[-1]

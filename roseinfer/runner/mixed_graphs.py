@@ -37,7 +37,7 @@ from roseinfer.kernels.prefill_plan import (
     leading_decodes,
     prefill_block_m,
 )
-from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs
+from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs, held_weakly
 from roseinfer.runner.inputs import ALIGN, HostStep, fill_pending
 
 # A graph's tile map holds every tile of T tokens plus one more per prompt chunk, for this many chunks.
@@ -109,7 +109,7 @@ class MixedGraphs:
         max_chunks: int = MAX_CHUNKS,
         key_splits: bool = True,
     ) -> None:
-        self.forward = forward  # (ids, positions, meta) -> hidden [T, H]
+        self.forward = held_weakly(forward)  # (ids, positions, meta) -> hidden [T, H]
         self.device = device
         self.sizes = mixed_graph_sizes(max_tokens)
         self.max_tokens = self.sizes[-1] if self.sizes else 0

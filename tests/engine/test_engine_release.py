@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from roseinfer import LLM
+from roseinfer.runner.cuda_graphs import DecodeGraphs
 
 
 def test_a_dropped_engine_caught_in_a_cycle_is_freed_by_the_next_engine(llama_dir: str):
@@ -23,3 +26,22 @@ def test_a_dropped_engine_caught_in_a_cycle_is_freed_by_the_next_engine(llama_di
         assert second.engine.core.num_blocks == 256 // second.engine.core.runner.block_size
     finally:
         gc.enable()
+
+
+def test_an_engine_with_graphs_is_freed_as_soon_as_it_is_dropped(llama_dir: str):
+    """The graphs call the runner's forward but hold it weakly: no cycle, so no wait for the collector."""
+    llm = LLM(llama_dir, device="cpu", dtype="float32", cpu_kv_tokens=256)
+    runner = llm.engine.core.runner
+    runner.graphs = DecodeGraphs(runner._forward_sample, runner.device, 4, runner.max_blocks_per_seq, 16)
+    runner.mixed_graphs = runner.build_mixed_graphs(64)
+    forward = runner.graphs.forward_sample
+    alive = weakref.ref(runner)
+    gc.collect()
+    gc.disable()
+    try:
+        del llm, runner
+        assert alive() is None
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError, match="runner these graphs belong to is gone"):
+        forward()

@@ -167,6 +167,24 @@ def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
         gc.enable()
 
 
+def test_a_dropped_engine_with_graphs_frees_the_gpu_at_once(llama_dir):
+    """Nothing ties a graphed engine in a cycle: dropping it frees its cache without the cyclic collector."""
+    kwargs = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)
+    LLM(llama_dir, **kwargs)  # the process's first engine may be caught in torch's import-time cycles
+    free_gpu()
+    before = torch.cuda.memory_allocated()
+    gc.disable()
+    try:
+        llm = LLM(llama_dir, **kwargs)
+        assert llm.engine.core.runner.graphs is not None and llm.engine.core.runner.mixed_graphs is not None
+        assert llm.generate([[1, 2, 3]], greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+        assert torch.cuda.memory_allocated() > before + 0.2 * torch.cuda.mem_get_info()[1]
+        del llm
+        assert torch.cuda.memory_allocated() < before + 2**30
+    finally:
+        gc.enable()
+
+
 def fp32_triton_engine(directory: str, eager: bool, **kwargs) -> LLM:
     return LLM(
         directory,
