@@ -28,7 +28,7 @@ def model_dir(request, tmp_path_factory):
 
 
 def free_gpu() -> None:
-    gc.collect()  # engines hold reference cycles (runner <-> graphs): collect before the next one
+    gc.collect()  # the process's first engine is caught in a cycle (release_dead_engines says why)
     torch.cuda.empty_cache()
 
 
