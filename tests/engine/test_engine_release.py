@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -45,3 +47,25 @@ def test_an_engine_with_graphs_is_freed_as_soon_as_it_is_dropped(llama_dir: str)
         gc.enable()
     with pytest.raises(RuntimeError, match="runner these graphs belong to is gone"):
         forward()
+
+
+FIRST_ENGINE = """
+import gc, sys, weakref
+from roseinfer import LLM
+assert "torch._dynamo" not in sys.modules  # the build below imports it, as every process's first build does
+gc.disable()
+llm = LLM(sys.argv[1], device="cpu", dtype="float32", cpu_kv_tokens=256)
+runner = weakref.ref(llm.engine.core.runner)
+del llm
+print("freed" if runner() is None else "alive")
+"""
+
+
+def test_the_first_engine_of_a_process_is_freed_as_soon_as_it_is_dropped(llama_dir: str):
+    """torch's lazy import during a process's first model build leaves a garbage cycle that holds every frame
+    on the stack, the engine constructors' included; the runner collects it after the build."""
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_ENGINE, llama_dir], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "freed"

@@ -28,7 +28,7 @@ def model_dir(request, tmp_path_factory):
 
 
 def free_gpu() -> None:
-    gc.collect()  # the process's first engine is caught in a cycle (release_dead_engines says why)
+    gc.collect()  # engines tests tie in cycles of their own
     torch.cuda.empty_cache()
 
 
@@ -150,8 +150,8 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
 
 
 def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
-    """A dropped engine caught in a reference cycle lives until gc runs (the first one a process builds
-    always is); the next engine collects it before measuring memory, and sizes its cache as the first did."""
+    """A dropped engine caught in a reference cycle (its owner's here) lives until gc runs; the next engine
+    collects it before measuring memory, and sizes its cache as the first did."""
     free_gpu()
     gc.disable()
     try:
@@ -170,7 +170,6 @@ def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
 def test_a_dropped_engine_with_graphs_frees_the_gpu_at_once(llama_dir):
     """Nothing ties a graphed engine in a cycle: dropping it frees its cache without the cyclic collector."""
     kwargs = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)
-    LLM(llama_dir, **kwargs)  # the process's first engine may be caught in torch's import-time cycles
     free_gpu()
     before = torch.cuda.memory_allocated()
     gc.disable()
