@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -120,6 +121,9 @@ def build_model(
             model = cls(cfg, max_positions)
     finally:
         torch.set_default_dtype(old)
+    # A process's first meta-device build makes torch import torch._dynamo, whose imports leave a garbage
+    # traceback cycle holding every frame on the stack: the caller's engine would outlive its owner.
+    gc.collect()
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each name its own storage
     if load_format == "dummy":

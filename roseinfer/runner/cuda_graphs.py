@@ -16,6 +16,7 @@ reads past its buffers.
 from __future__ import annotations
 
 import bisect
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -71,7 +72,7 @@ def held_weakly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, holding a bound method's object weakly. The graphs live inside the runner whose forward they
     call: a strong bound method would tie them in a cycle, and a dropped engine would keep its cache on
     the GPU until Python's cyclic collector happened to run."""
-    if not hasattr(fn, "__self__"):
+    if not isinstance(fn, types.MethodType):
         return fn
     method = weakref.WeakMethod(fn)
 

@@ -66,10 +66,7 @@ def release_dead_engines(device: torch.device) -> None:
     """Free what earlier engines of this process left in reference cycles before this one sizes itself.
 
     An engine dropped by its owner can survive in a cycle until Python's cyclic collector happens to run,
-    and its KV cache would count as this engine's use. (The first model a process builds makes one: under
-    the meta device torch lazily imports torch._dynamo, whose imports leave a garbage traceback cycle that
-    holds every frame on the stack, so each engine constructor's `self`; the runner collects it after the
-    build.)
+    and its weights and KV cache would count as this engine's use.
     """
     gc.collect()
     if device.type == "cuda":
@@ -90,7 +87,6 @@ class ModelRunner:
         self.model = model or build_model(
             self.cfg, model_path, config.load_format, self.dtype, self.device, self.max_model_len, config.seed
         )
-        gc.collect()  # the garbage a process's first build leaves holds this engine's frames (see above)
         if hasattr(self.model, "one_token_gemv"):
             self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
