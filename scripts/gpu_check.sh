@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
-#   sections: tests kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
+#   sections: tests (gpu-marked; sharded over the GPUs), suite (every test, sharded), kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
@@ -25,10 +25,29 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
     if "$@" > "$LOGS/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$LOGS/$name.log"; fi
     grep -E "$filter" "$LOGS/$name.log" | cut -c1-160 | tail -n 40
 }
+# sharded_pytest ARGS...: the tests ARGS select, dealt round-robin over this machine's GPUs (one pytest process a
+# GPU, CUDA_VISIBLE_DEVICES), so that a multi-GPU lease runs the suite in a fraction of the time; one GPU: one process.
+sharded_pytest() {
+    local n i rc=0 pids=()
+    n=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
+    python3 -m pytest -q -p no:cacheprovider --collect-only "$@" | grep '::' > "$LOGS/test_ids" || return 1
+    echo "$(wc -l < "$LOGS/test_ids") tests over $n GPU(s)"
+    for ((i = 0; i < n; i++)); do
+        awk -v n="$n" -v i="$i" 'NR % n == i' "$LOGS/test_ids" > "$LOGS/test_ids.$i"
+        mapfile -t ids < "$LOGS/test_ids.$i"
+        [ ${#ids[@]} -eq 0 ] && continue
+        CUDA_VISIBLE_DEVICES=$i python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/tests_shard$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
+    for ((i = 0; i < n; i++)); do [ -f "$LOGS/tests_shard$i.log" ] && { echo "shard $i:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/tests_shard$i.log" | tail -n 20; }; done
+    return $rc
+}
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
-    tests) run tests 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/kernels ;;
+    tests) run tests 'passed|failed|error' sharded_pytest -m gpu tests/gpu tests/kernels ;;
+    suite) run suite 'passed|failed|error' sharded_pytest tests ;;  # every test, gpu-marked or not
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;
