@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
-#   sections: tests (gpu-marked; sharded over the GPUs), suite (every test, sharded), kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
+#   sections: tests (gpu-marked, dealt over the GPUs), kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
@@ -47,7 +47,6 @@ REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^S
 for s in "${sections[@]}"; do
   case $s in
     tests) run tests 'passed|failed|error' sharded_pytest -m gpu tests/gpu tests/kernels ;;
-    suite) run suite 'passed|failed|error' sharded_pytest tests ;;  # every test, gpu-marked or not
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;
