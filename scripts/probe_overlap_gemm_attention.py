@@ -1,0 +1,138 @@
+"""Can a compute-bound GEMM and a memory-bound decode attention share the GPU? (GPU only)
+
+W2 on llama-3.1-8b spends most of its time in steps that hold a prefill chunk beside ~200 decodes: the chunk's
+GEMMs are bound by the tensor cores, the decodes' attention by HBM, and the step runs them one after the other.
+Its roofline floor adds the two (prefill FLOPs + decode bytes); a step that ran them at once could go under it.
+This probe asks how much of that overlap the hardware gives before any engine change: one CUDA graph of LAYERS
+llama layers' four GEMMs at M rows (weights from HBM), one of LAYERS layers of decode attention at B rows of
+`ctx` keys, both back to back (serial) and both on two branches of one graph (concurrent). cuBLASLt can be
+told to leave SMs to the other branch (`torch._C._set_sm_carveout_experimental`); `--carveouts` sweeps that.
+
+overlap = (serial - concurrent) / min(gemm, attention): 1 is a perfect overlap, 0 none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from roseinfer.bench.kernels import _median_ms
+from roseinfer.kernels.paged_decode_split import choose_num_splits
+
+HIDDEN, INTERMEDIATE, HQ, HKV, D = 4096, 14336, 32, 8, 128  # llama-3.1-8b
+GEMMS = ((HQ + 2 * HKV) * D, HIDDEN), (HIDDEN, HQ * D), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)
+
+
+def _sweep_module():
+    path = Path(__file__).with_name("sweep_decode_config.py")
+    spec = importlib.util.spec_from_file_location("sweep_decode_config", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def capture(*branches: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """One graph: the first branch on the capture stream, each other one on a stream of its own, forked
+    from and joined back into it, so that the branches may run at once."""
+    for branch in branches:  # compile and warm outside the capture
+        branch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = [torch.cuda.Stream() for _ in branches[1:]]
+    with torch.cuda.graph(graph):
+        main = torch.cuda.current_stream()
+        for stream in side:
+            stream.wait_stream(main)
+        branches[0]()
+        for stream, branch in zip(side, branches[1:], strict=True):
+            with torch.cuda.stream(stream):
+                branch()
+        for stream in side:
+            main.wait_stream(stream)
+    return graph
+
+
+def serial(*steps: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        for step in steps:
+            step()
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="256,512", help="the GEMMs' rows (a prefill chunk)")
+    parser.add_argument("--batches", default="128,256", help="decode attention's rows")
+    parser.add_argument("--ctx", type=int, default=800, help="keys per decode row")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument(
+        "--carveouts",
+        default="none,0,16,32,48,66",
+        help="SMs the GEMMs leave free (none: cuBLAS as the engine calls it; numbers: cuBLASLt with that carveout)",
+    )
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    sweep = _sweep_module()
+    sweep.LAYERS = args.layers
+    weights = [
+        [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * k**-0.5 for n, k in GEMMS]
+        for _ in range(args.layers)
+    ]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    print(
+        f"device {torch.cuda.get_device_name()} ({sms} SMs), llama-3.1-8b shapes, {args.layers} layers, ctx {args.ctx}"
+    )
+    print("| rows | batch | cuBLAS | gemm us | attention us | serial us | concurrent us | overlap |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for batch in map(int, args.batches.split(",")):
+        sweep.BATCH = batch
+        case = sweep.decode_case(HQ, HKV, D, args.ctx, gen)
+        splits = choose_num_splits(batch, HKV, 32768, device)
+
+        def attention(case=case, splits=splits) -> None:
+            case.attend(splits, case.new_kv, args.layers)
+
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, INTERMEDIATE, device=device, dtype=torch.bfloat16, generator=gen)
+
+            def gemms(x=x) -> None:
+                for layer in weights:
+                    for w in layer:
+                        F.linear(x[:, : w.shape[1]], w)
+
+            for carveout in args.carveouts.split(","):
+                lt = carveout != "none"
+                torch.backends.cuda.preferred_blas_library("cublaslt" if lt else "cublas")
+                torch._C._set_sm_carveout_experimental(int(carveout) if lt and carveout != "0" else None)
+                try:
+                    us = [
+                        _median_ms(capture(fn).replay) * 1e3
+                        for fn in (gemms, attention, serial(gemms, attention))
+                    ]
+                    us.append(_median_ms(capture(gemms, attention).replay) * 1e3)
+                finally:
+                    torch._C._set_sm_carveout_experimental(None)
+                    torch.backends.cuda.preferred_blas_library("cublas")
+                gemm_us, attn_us, serial_us, conc_us = us
+                overlap = (serial_us - conc_us) / min(gemm_us, attn_us)
+                label = f"Lt, {carveout} SMs left" if lt else "as the engine"
+                print(
+                    f"| {rows} | {batch} | {label} | {gemm_us:.0f} | {attn_us:.0f} | {serial_us:.0f} | "
+                    f"{conc_us:.0f} | {overlap:.2f} |",
+                    flush=True,
+                )
+        del case
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
