@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -124,7 +125,14 @@ class ModelConfig:
         """`path` is a config.json file or a directory holding one."""
         file = os.path.join(path, "config.json") if os.path.isdir(path) else path
         with open(file) as f:
-            return ModelConfig.from_dict(json.load(f))
+            config = ModelConfig.from_dict(json.load(f))
+        gen_file = os.path.join(os.path.dirname(file), "generation_config.json")
+        if os.path.isfile(gen_file):  # HF generate and vLLM also stop at generation_config's eos ids
+            with open(gen_file) as f:
+                extra = _as_tuple(json.load(f).get("eos_token_id"))
+            eos = config.eos_token_ids + tuple(t for t in extra if t not in config.eos_token_ids)
+            config = dataclasses.replace(config, eos_token_ids=eos)
+        return config
 
     def layer_params(self) -> int:
         """Matmul parameters of one decoder layer."""

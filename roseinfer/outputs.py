@@ -11,6 +11,8 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    # The stop string or stop token id that ended it; None for eos, length, abort or still running (as vLLM).
+    stop_reason: str | int | None = None
 
 
 @dataclass

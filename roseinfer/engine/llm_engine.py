@@ -52,7 +52,10 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")
-            ids = self.tokenizer.encode(prompt)
+            try:
+                ids = self.tokenizer.encode(prompt)
+            except (TypeError, UnicodeError) as e:  # e.g. lone surrogates
+                raise ValueError(f"prompt text could not be tokenized: {e}") from e
         elif isinstance(prompt, list | tuple):
             ids = list(prompt)
         else:
@@ -105,6 +108,12 @@ class LLMEngine:
             raise ValueError(f"request_id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
         req = Request(rid, ids, params, self.model_config.eos_token_ids, text, arrival_time, cache_salt)
+        kv = self.core.kv
+        if kv.blocks_for(len(ids) + params.max_tokens) > (open_blocks := kv.blocks_open_to(req)):
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) can never fit the "
+                f"{open_blocks} KV blocks of {kv.block_size} tokens that pinned prefixes leave it"
+            )
         self.groups[rid] = _Group(req, self)
         self.core.add_request(req)
         return rid
@@ -201,7 +210,10 @@ class _Sequence:
         req = self.req
         last = self.num_seen == len(req.output_token_ids)
         before = len(self.text)
-        self.text += self.detok.add([token])
+        # As vLLM: a stop token id (or eos) that ends the sequence keeps its id but adds no text.
+        stop_token = last and req.status is RequestStatus.FINISHED_STOPPED and req.stop_reason == token
+        if not stop_token:
+            self.text += self.detok.add([token])
         if req.is_finished and last:
             self.text += self.detok.flush()
         stops = req.params.stop
@@ -227,7 +239,12 @@ class _Sequence:
 
     def output(self) -> CompletionOutput:
         req = self.req
-        return CompletionOutput(req.sample_index, self.text, list(req.output_token_ids), req.finish_reason)
+        reason = req.stop_reason
+        if isinstance(reason, int) and reason not in req.params.stop_token_ids:
+            reason = None  # an eos id: vLLM reports no stop reason for it
+        return CompletionOutput(
+            req.sample_index, self.text, list(req.output_token_ids), req.finish_reason, reason
+        )
 
 
 class _Group:

@@ -61,6 +61,8 @@ def make_engine_config(
         dtype = model_config.hf_config.get("torch_dtype") or model_config.hf_config.get("dtype") or "float32"
         if dev.type == "cpu" and dtype != "float32":
             dtype = "float32"  # half precision matmuls on CPU are slow and gain nothing here
+    if max_model_len is not None and max_model_len < 0:
+        raise ValueError(f"max_model_len must be >= 0 (0: the model's), got {max_model_len}")
     max_len = max_model_len or model_config.max_position_embeddings
     if max_len > model_config.max_position_embeddings:
         raise ValueError(
@@ -169,7 +171,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs come back in input order. Invalid prompts are reported together, after the valid ones
         have run, as an `InvalidRequestError` (a ValueError) carrying the valid outputs."""
-        if isinstance(prompts, str) or (
+        if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]

@@ -86,14 +86,34 @@ class KVCacheManager:
                 num_tokens = known
         return blocks, num_tokens
 
+    def _first_write(self, req: Request, hit: int) -> int:
+        """Index of the block a request with `hit` cached tokens writes first (at least its last token is
+        computed); a hit block there or after is copied, not shared."""
+        return min(hit, req.num_tokens - 1) // self.block_size
+
     def usable_prefix(self, req: Request) -> tuple[list[int], int]:
         """The cached prefix `admit` would attach, and its length in tokens: a fresh block (filled by this
         step) in the position the request writes first is recomputed, since a fresh block is never copied."""
         blocks, hit = self.find_cached_prefix(req)
-        write = min(hit, req.num_tokens - 1) // self.block_size
+        write = self._first_write(req, hit)
         if write < len(blocks) and blocks[write] in self.fresh:
             blocks, hit = blocks[:write], write * self.block_size
         return blocks, hit
+
+    def prefix_without_copy(self, req: Request, prefix: tuple[list[int], int]) -> tuple[list[int], int]:
+        """`prefix` less the hit block the request writes first (it would have to copy it)."""
+        blocks, hit = prefix
+        write = self._first_write(req, hit)
+        return (blocks[:write], write * self.block_size) if write < len(blocks) else prefix
+
+    def blocks_open_to(self, req: Request) -> int:
+        """Blocks the request could ever hold: the pool less the pinned blocks (never freed), except the
+        pinned blocks of its own cached prefix that it reads without copying."""
+        if not self.pool.pinned:
+            return self.num_blocks
+        blocks, hit = self.find_cached_prefix(req)
+        shared = sum(b in self.pool.pinned for b in blocks[: self._first_write(req, hit)])
+        return self.num_blocks - len(self.pool.pinned) + shared
 
     def admit(self, req: Request, prefix: tuple[list[int], int] | None = None) -> int:
         """Attach the cached prefix (`usable_prefix`, unless given) to a request entering the running set;

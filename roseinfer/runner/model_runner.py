@@ -127,6 +127,8 @@ class ModelRunner:
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_cache: SamplingBatch | None = None
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
+        # Noise of eagerly sampled rows without a seed of their own (the graphs take theirs from _seeds).
+        self._unseeded = torch.Generator(device=self.device).manual_seed(config.seed)
 
     # -- KV cache ---------------------------------------------------------------------------------
 
@@ -343,7 +345,9 @@ class ModelRunner:
         for i, r in zip(rows, reqs):
             j = seen[i] = seen.get(i, -1) + 1  # the j-th sample of this row: child j of a fork
             gens.append(self._generator(r, j))
-        batch = SamplingBatch.build([r.params for r in reqs], gens, self.cfg.vocab_size, self.device)
+        batch = SamplingBatch.build(
+            [r.params for r in reqs], gens, self.cfg.vocab_size, self.device, self._unseeded
+        )
         self._sampling_key, self._sampling_cache = key, batch
         return batch
 

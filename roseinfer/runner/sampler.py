@@ -26,6 +26,9 @@ class SamplingBatch:
     # from these host temperatures (None: all greedy).
     in_graph: bool = False
     host_temperature: np.ndarray | None = None
+    # Where rows without a generator of their own draw their noise: the runner's, seeded from the engine's
+    # seed, so that `LLM(seed=...)` makes unseeded sampling repeatable (None: torch's global generator).
+    shared_generator: torch.Generator | None = None
 
     @staticmethod
     def build(
@@ -33,11 +36,14 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         vocab_size: int,
         device: torch.device,
+        shared_generator: torch.Generator | None = None,
     ) -> SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
-            return SamplingBatch(None, None, None, None, None, True, True, generators, in_graph=True)
+            return SamplingBatch(
+                None, None, None, None, None, True, True, generators, True, shared_generator=shared_generator
+            )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
@@ -51,7 +57,9 @@ class SamplingBatch:
 
         return SamplingBatch(
             temperature=t(temps, torch.float32),
-            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64) if use_k else None,
+            top_k=t([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params], torch.int64)
+            if use_k
+            else None,
             top_p=t([p.top_p for p in params], torch.float32) if use_p else None,
             min_p=t([p.min_p for p in params], torch.float32) if use_min_p else None,
             greedy=t(greedy, torch.bool),
@@ -60,6 +68,7 @@ class SamplingBatch:
             generators=generators,
             in_graph=in_graph,
             host_temperature=np.array(temps, np.float32) if in_graph else None,
+            shared_generator=shared_generator,
         )
 
 
@@ -93,7 +102,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     # Greedy rows carry temperature 0: divide them by 1 (their draw is replaced by the argmax below).
     scores = logits.float() / torch.where(batch.greedy, 1.0, batch.temperature).unsqueeze(1)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, with no host sync and per-row noise.
-    noise = torch.empty_like(scores).exponential_()
+    noise = torch.empty_like(scores).exponential_(generator=batch.shared_generator)
     for row, gen in enumerate(batch.generators):
         if gen is not None:
             noise[row].exponential_(generator=gen)
@@ -130,8 +139,9 @@ def _sample_fused(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.all_greedy:
         return _sampling.sample_tokens(logits, None, None)
     n = logits.shape[0]
-    # Unseeded rows: consecutive seeds from one draw of the global generator; seeded rows: their own.
-    seeds = torch.randint(0, 2**62, (1,), device=logits.device) + torch.arange(n, device=logits.device)
+    # Unseeded rows: consecutive seeds from one draw of the shared generator; seeded rows: their own.
+    first = torch.randint(0, 2**62, (1,), device=logits.device, generator=batch.shared_generator)
+    seeds = first + torch.arange(n, device=logits.device)
     for row, gen in enumerate(batch.generators):
         if gen is not None:
             seeds[row : row + 1] = torch.randint(0, 2**62, (1,), device=logits.device, generator=gen)

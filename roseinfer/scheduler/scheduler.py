@@ -206,10 +206,20 @@ class Scheduler:
                 break
             prefix = self.kv.usable_prefix(req)
             if not self.kv.admission_fits(req, budget, prefix):
-                break
+                # The hit block it writes first needs a copy: recomputing it instead takes one block less.
+                prefix = self.kv.prefix_without_copy(req, prefix)
+                if not self.kv.admission_fits(req, budget, prefix):
+                    break
             hit = self.kv.admit(req, prefix)
             num_new = req.num_tokens - req.num_computed_tokens
-            fits = num_new <= budget or self.config.enable_chunked_prefill or form_batch
+            # Without chunked prefill a prompt fits one step's budget (validated), but a preempted request's
+            # recompute (prompt + output) may not: it is chunked, or it could never run again.
+            fits = (
+                num_new <= budget
+                or self.config.enable_chunked_prefill
+                or form_batch
+                or num_new > self.config.max_num_batched_tokens
+            )
             num_new = min(num_new, budget)
             if (
                 not fits

@@ -1,0 +1,116 @@
+"""The offline API's contract with its callers, as vLLM users expect it: prompt shapes, parameter limits,
+stop tokens and reasons, eos ids from generation_config.json, the engine seed. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from roseinfer import LLM, InvalidRequestError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(model_with_tokenizer: str) -> LLM:
+    return LLM(model_with_tokenizer, device="cpu", block_size=4, cpu_kv_tokens=2048)
+
+
+def greedy(n: int = 4, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, **kw)
+
+
+def assert_serving(llm: LLM) -> None:
+    """Nothing left queued, and the next call runs."""
+    assert not llm.engine.has_unfinished_requests() and not llm.engine.groups
+    out = llm.generate([[5, 6, 7]], greedy(ignore_eos=True), use_tqdm=False)
+    assert len(out) == 1 and len(out[0].outputs[0].token_ids) == 4
+
+
+def test_a_single_dict_prompt_is_one_prompt(llm: LLM) -> None:
+    want = llm.generate([[5, 6, 7]], greedy(), use_tqdm=False)[0]
+    got = llm.generate({"prompt_token_ids": [5, 6, 7]}, greedy(), use_tqdm=False)
+    assert len(got) == 1 and got[0].prompt_token_ids == [5, 6, 7]
+    assert got[0].outputs[0].token_ids == want.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, -(2**70)])
+def test_a_seed_out_of_a_generator_range_is_refused_by_name(seed: int) -> None:
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(temperature=1.0, seed=seed)
+
+
+def test_a_top_k_past_the_vocabulary_samples_the_whole_vocabulary(llm: LLM) -> None:
+    huge = SamplingParams(temperature=1.0, top_k=2**63, max_tokens=4, seed=3, ignore_eos=True)
+    whole = SamplingParams(temperature=1.0, max_tokens=4, seed=3, ignore_eos=True)
+    got, want = llm.generate([[5, 6, 7], [5, 6, 7]], [huge, whole], use_tqdm=False)
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert_serving(llm)
+
+
+def test_untokenizable_text_is_a_value_error_and_the_other_prompts_still_run(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(["hello world", "bad \ud800 surrogate", [5, 6, 7]], greedy(), use_tqdm=False)
+    err = info.value
+    assert list(err.errors) == [1] and "tokenized" in str(err.errors[1]) and err.outputs[1] is None
+    assert err.outputs[0].finished and err.outputs[2].finished
+    assert_serving(llm)
+
+
+def test_negative_max_model_len_is_a_value_error(model_with_tokenizer: str) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        LLM(model_with_tokenizer, device="cpu", block_size=4, cpu_kv_tokens=512, max_model_len=-5)
+
+
+def test_generation_config_eos_ids_stop_generation(model_with_tokenizer: str, tmp_path) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(model_with_tokenizer, model)
+    ids = (
+        LLM(str(model), device="cpu", block_size=4, cpu_kv_tokens=512)
+        .generate([[5, 6, 7]], greedy(10), use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
+    eos = ids[2]
+    assert eos not in ids[:2] and 0 not in ids[:3]
+    (model / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": [0, eos]}))
+    out = (
+        LLM(str(model), device="cpu", block_size=4, cpu_kv_tokens=512)
+        .generate([[5, 6, 7]], greedy(10), use_tqdm=False)[0]
+        .outputs[0]
+    )
+    assert out.finish_reason == "stop" and out.token_ids == ids[:3]
+    assert out.stop_reason is None  # an eos id, as vLLM reports it
+
+
+def test_a_stop_token_keeps_its_id_but_not_its_text(llm: LLM) -> None:
+    tok = llm.tokenizer
+    ids = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+    stop_at = ids[3]
+    assert stop_at not in ids[:3] and tok.decode([stop_at]) != ""
+    out = llm.generate([[5, 6, 7]], greedy(10, stop_token_ids=[stop_at]), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids == ids[:4] and out.stop_reason == stop_at
+    assert out.text == tok.decode(ids[:3], skip_special_tokens=True)
+
+
+def test_stop_reason_names_the_stop_string(llm: LLM) -> None:
+    text = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip()
+    out = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True, stop=[stop]), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop and out.text == text[: text.find(stop)]
+    length = llm.generate([[5, 6, 7]], greedy(3, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert length.finish_reason == "length" and length.stop_reason is None
+
+
+def test_the_engine_seed_fixes_unseeded_sampling(model_with_tokenizer: str) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+
+    def run(seed: int, global_seed: int) -> list[int]:
+        torch.manual_seed(global_seed)  # the global generator must not be what decides
+        llm = LLM(model_with_tokenizer, device="cpu", block_size=4, cpu_kv_tokens=512, seed=seed)
+        return llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
+
+    assert run(0, 1) == run(0, 2)
+    assert run(0, 1) != run(1, 1)
