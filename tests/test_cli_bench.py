@@ -301,3 +301,11 @@ def test_kernel_bench_says_which_targets_are_met():
     assert "1.39x SDPA flash's time" in lines[2] and lines[2].endswith(": MISSED")
     rows[3]["vs_sdpa"] = 1.023
     assert target_lines(rows)[2].endswith("0.98x SDPA flash's time (<= 1.25x): met")
+
+
+@pytest.mark.parametrize("bench", ["throughput", "prefix"])
+@pytest.mark.parametrize("flag", ["--warmup-requests", "--warmup-output-len"])
+def test_a_warmup_of_zero_is_refused_not_raised_to_one(bench: str, flag: str, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", bench, "--model-shape", "tiny-llama", flag, "0"])
+    assert f"argument {flag}: must be >= 1" in capsys.readouterr().err

@@ -40,7 +40,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from roseinfer.bench.engine_run import add_engine_arguments
+from roseinfer.bench.engine_run import add_engine_arguments, positive_int
 from roseinfer.bench.env import bench_header, format_header
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
@@ -90,11 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument(
         "--warmup-requests",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"default: the workload's (W3: {W3_WARMUP_REQUESTS})",
     )
-    parser.add_argument("--warmup-output-len", type=int, default=4, help="output tokens per warm-up request")
+    parser.add_argument(
+        "--warmup-output-len", type=positive_int, default=4, help="output tokens per warm-up request"
+    )
     parser.add_argument(
         "--repeats",
         type=int,

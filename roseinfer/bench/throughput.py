@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from roseinfer.bench.device import free_memory
-from roseinfer.bench.engine_run import add_engine_arguments, engine_kwargs, run_engine, warmup_workload
+from roseinfer.bench.engine_run import (
+    add_engine_arguments,
+    engine_kwargs,
+    positive_int,
+    run_engine,
+    warmup_workload,
+)
 from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, measure_matmul_tflops
 from roseinfer.bench.hf_peer import build_hf_model, export_to_hf, run_hf
 from roseinfer.bench.roofline_floor import format_roofline, roofline_floor
@@ -48,8 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="shrink prompt lengths")
     parser.add_argument("--max-output-len", type=int, default=None, help="shrink output lengths")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--warmup-requests", type=int, default=None, help="default: all of the workload's")
-    parser.add_argument("--warmup-output-len", type=int, default=4, help="output tokens per warm-up request")
+    parser.add_argument(
+        "--warmup-requests", type=positive_int, default=None, help="default: all of the workload's"
+    )
+    parser.add_argument(
+        "--warmup-output-len", type=positive_int, default=4, help="output tokens per warm-up request"
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
