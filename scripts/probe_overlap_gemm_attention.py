@@ -9,6 +9,10 @@ llama layers' four GEMMs at M rows (weights from HBM), one of LAYERS layers of d
 told to leave SMs to the other branch (`torch._C._set_sm_carveout_experimental`); `--carveouts` sweeps that.
 
 overlap = (serial - concurrent) / min(gemm, attention): 1 is a perfect overlap, 0 none.
+
+`--reader` asks the question for an ideal memory-bound kernel instead: a persistent Triton read of a large
+buffer on exactly s programs (one an SM), first alone (how much of HBM's rate s SMs reach), then beside the
+GEMMs told to leave those s SMs free.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from roseinfer.bench.kernels import _median_ms
 from roseinfer.kernels.paged_decode_split import choose_num_splits
@@ -59,6 +65,37 @@ def capture(*branches: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return graph
 
 
+@triton.jit
+def _stream_read(x_ptr, out_ptr, n_tiles, TILE: tl.constexpr, PROGRAMS: tl.constexpr):
+    """Each program sums every PROGRAMS-th tile: a pure HBM read on a fixed number of programs."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([TILE], tl.float32)
+    for t in range(pid, n_tiles, PROGRAMS):
+        acc += tl.load(x_ptr + t * TILE + tl.arange(0, TILE)).to(tl.float32)
+    tl.store(out_ptr + pid * TILE + tl.arange(0, TILE), acc)
+
+
+def reader(buffer: torch.Tensor, programs: int, tile: int = 16384) -> Callable[[], None]:
+    out = torch.empty(programs * tile, device=buffer.device)
+    n_tiles = buffer.numel() // tile
+
+    def run() -> None:
+        _stream_read[(programs,)](buffer, out, n_tiles, TILE=tile, PROGRAMS=programs, num_warps=16)
+
+    return run
+
+
+def set_blas(carveout: str) -> None:
+    """none: cuBLAS as the engine calls it; a number: cuBLASLt leaving that many SMs free (0: none)."""
+    lt = carveout != "none"
+    torch.backends.cuda.preferred_blas_library("cublaslt" if lt else "cublas")
+    torch._C._set_sm_carveout_experimental(int(carveout) if lt and carveout != "0" else None)
+
+
+def timed_us(*branches: Callable[[], None]) -> float:
+    return _median_ms(capture(*branches).replay) * 1e3
+
+
 def serial(*steps: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         for step in steps:
@@ -78,6 +115,10 @@ def main() -> None:
         default="none,0,16,32,48,66",
         help="SMs the GEMMs leave free (none: cuBLAS as the engine calls it; numbers: cuBLASLt with that carveout)",
     )
+    parser.add_argument(
+        "--reader", action="store_true", help="an ideal memory-bound kernel instead of attention"
+    )
+    parser.add_argument("--reader-gb", type=float, default=2.0, help="bytes the reader reads a replay")
     args = parser.parse_args()
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -91,6 +132,8 @@ def main() -> None:
     print(
         f"device {torch.cuda.get_device_name()} ({sms} SMs), llama-3.1-8b shapes, {args.layers} layers, ctx {args.ctx}"
     )
+    if args.reader:
+        return main_reader(args, weights, sms)
     print("| rows | batch | cuBLAS | gemm us | attention us | serial us | concurrent us | overlap |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for batch in map(int, args.batches.split(",")):
@@ -104,21 +147,13 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, INTERMEDIATE, device=device, dtype=torch.bfloat16, generator=gen)
 
-            def gemms(x=x) -> None:
-                for layer in weights:
-                    for w in layer:
-                        F.linear(x[:, : w.shape[1]], w)
-
+            gemms = gemm_chain(weights, x)
             for carveout in args.carveouts.split(","):
                 lt = carveout != "none"
-                torch.backends.cuda.preferred_blas_library("cublaslt" if lt else "cublas")
-                torch._C._set_sm_carveout_experimental(int(carveout) if lt and carveout != "0" else None)
+                set_blas(carveout)
                 try:
-                    us = [
-                        _median_ms(capture(fn).replay) * 1e3
-                        for fn in (gemms, attention, serial(gemms, attention))
-                    ]
-                    us.append(_median_ms(capture(gemms, attention).replay) * 1e3)
+                    us = [timed_us(fn) for fn in (gemms, attention, serial(gemms, attention))]
+                    us.append(timed_us(gemms, attention))
                 finally:
                     torch._C._set_sm_carveout_experimental(None)
                     torch.backends.cuda.preferred_blas_library("cublas")
@@ -132,6 +167,47 @@ def main() -> None:
                 )
         del case
         torch.cuda.empty_cache()
+
+
+def gemm_chain(weights: list[list[torch.Tensor]], x: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        for layer in weights:
+            for w in layer:
+                F.linear(x[:, : w.shape[1]], w)
+
+    return run
+
+
+def main_reader(args: argparse.Namespace, weights: list[list[torch.Tensor]], sms: int) -> None:
+    device = weights[0][0].device
+    buffer = torch.ones(int(args.reader_gb * 2**30) // 2, device=device, dtype=torch.bfloat16)
+    gb = buffer.numel() * 2 / 1e9
+    print("| reader programs | reader alone us | TB/s |")
+    print("|---:|---:|---:|")
+    for programs in (8, 16, 24, 32, 48, 66, 132, 264):
+        us = timed_us(reader(buffer, programs))
+        print(f"| {programs} | {us:.0f} | {gb / us * 1e3:.2f} |", flush=True)
+    print("| rows | SMs left | gemm us | reader us | serial us | concurrent us | overlap |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for rows in map(int, args.rows.split(",")):
+        x = torch.randn(rows, INTERMEDIATE, device=device, dtype=torch.bfloat16)
+        gemms = gemm_chain(weights, x)
+        for carveout in ("16", "24", "32", "48"):
+            set_blas(carveout)
+            try:
+                read = reader(buffer, int(carveout))
+                gemm_us, read_us = timed_us(gemms), timed_us(read)
+                serial_us, conc_us = timed_us(serial(gemms, read)), timed_us(gemms, read)
+            finally:
+                set_blas("none")
+            overlap = (serial_us - conc_us) / min(gemm_us, read_us)
+            print(
+                f"| {rows} | {carveout} | {gemm_us:.0f} | {read_us:.0f} | {serial_us:.0f} | {conc_us:.0f} | "
+                f"{overlap:.2f} |",
+                flush=True,
+            )
+    set_blas("none")
+    print(f"(as the engine: gemm {timed_us(gemm_chain(weights, x)):.0f} us at {rows} rows, {sms} SMs)")
 
 
 if __name__ == "__main__":

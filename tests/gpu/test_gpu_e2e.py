@@ -372,3 +372,25 @@ def test_decode_steps_repeat_bit_for_bit_on_gpu():
         for _ in range(4):
             assert torch.equal(runner.graphs.run(step, None)[0], first), f"batch {batch}"
     del llm, runner
+
+
+@pytest.mark.parametrize("params", ["temperature", "top_p"])
+def test_the_engine_seed_fixes_unseeded_sampling_on_gpu(model_dir, params):
+    """Unseeded rows draw from the runner's generator, seeded from `LLM(seed=...)`: in the graphs
+    (temperature alone) and eagerly (top-p, and every first token), whatever torch's global generator holds."""
+    model, directory = model_dir
+    prompts = random_prompts(model.config.vocab_size, seed=43, lengths=[3, 17, 30, 5])
+    top_p = 0.9 if params == "top_p" else 1.0
+    sampling = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=10, ignore_eos=True)
+
+    def run(seed: int, global_seed: int) -> list[list[int]]:
+        torch.manual_seed(global_seed)
+        llm = LLM(directory, device="cuda", dtype="float32", num_kv_blocks=256, seed=seed)
+        out = [o.outputs[0].token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)]
+        del llm
+        free_gpu()
+        return out
+
+    first = run(0, 1)
+    assert run(0, 2) == first
+    assert run(1, 1) != first
