@@ -133,8 +133,7 @@ def test_w3_online_hits_the_shared_prefix(run_all):
             assert r["cached_tokens_mean"] == 0
     best = w3["max_rate_under_slo"]
     for cache in ("off", "on"):
-        ok = [r["rate"] for r in w3["rows"] if r["cache"] == cache and r["slo_ok"]]
-        assert best[cache] == (max(ok) if ok else None)
+        assert best[cache] == prefix_online.max_rate_under_slo([r for r in w3["rows"] if r["cache"] == cache])
     assert "W3 max rate with p99 E2E <= 2 s" in text
 
 
@@ -259,3 +258,14 @@ def test_plot_is_skipped_quietly_without_matplotlib(monkeypatch, tmp_path):
     w3 = {"workload": {"slo_p99_s": 2.0}, "rows": rows}
     assert prefix_plots.plot_w3(w3, str(tmp_path / "x.png")) is None
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_max_rate_under_the_slo_is_the_highest_one_every_lower_rate_also_met():
+    def rows(*oks: bool) -> list[dict[str, Any]]:
+        return [{"rate": r, "slo_ok": ok} for r, ok in zip((4.0, 1.0, 2.0, 8.0), oks)]
+
+    assert (
+        prefix_online.max_rate_under_slo(rows(True, True, False, True)) == 1.0
+    )  # 2 req/s failed: 4 is not sustained
+    assert prefix_online.max_rate_under_slo(rows(True, True, True, False)) == 4.0
+    assert prefix_online.max_rate_under_slo(rows(True, False, True, True)) is None

@@ -309,3 +309,23 @@ def test_a_warmup_of_zero_is_refused_not_raised_to_one(bench: str, flag: str, ca
     with pytest.raises(SystemExit):
         main(["bench", bench, "--model-shape", "tiny-llama", flag, "0"])
     assert f"argument {flag}: must be >= 1" in capsys.readouterr().err
+
+
+def test_the_throughput_floor_counts_a_shared_prompt_once_with_the_prefix_cache(tmp_path: Path):
+    """W4's prompts are one prompt 64 times: with the prefix cache on (the default), the run computes a
+    fraction of their tokens, and the floor must stay under what it computed."""
+    from roseinfer.bench.roofline_floor import distinct_prompt_tokens, roofline_floor
+    from roseinfer.config import ModelConfig
+    from roseinfer.models.loader import BUILTIN_CONFIG_DIR
+
+    out = tmp_path / "w4.json"
+    scale = ["--num-requests", "8", "--max-prompt-len", "128", "--max-output-len", "2"]
+    main(["bench", "throughput", "--model-shape", "tiny-llama", "--device", "cpu", "--workload", "W4", *scale,
+          "--warmup-requests", "1", "--json", str(out)])  # fmt: skip
+    computed = json.loads(out.read_text())["results"]["continuous"]["extra"]["num_prompt_tokens_computed"]
+    cfg = ModelConfig.from_path(f"{BUILTIN_CONFIG_DIR}/tiny-llama.json")
+    workload = build_workload("W4", cfg.vocab_size, num_requests=8, max_prompt_len=128, max_output_len=2)
+    assert distinct_prompt_tokens(workload.prompts) == 128
+    floors = [roofline_floor(cfg, torch.bfloat16, workload, 256, 3e12, 790, prefix_caching=p) for p in (1, 0)]
+    needed = 2 * cfg.num_layers * cfg.layer_params() * computed + 2 * cfg.vocab_size * cfg.hidden_size * 8
+    assert floors[0]["prefill_flops"] <= needed < floors[1]["prefill_flops"]

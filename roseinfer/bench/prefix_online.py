@@ -173,8 +173,13 @@ def _warm_up(engine: LLMEngine, workload: Workload, num_alone: int = 4) -> None:
 
 
 def max_rate_under_slo(rows: list[dict[str, Any]]) -> float | None:
-    ok = [r["rate"] for r in rows if r["slo_ok"]]
-    return max(ok) if ok else None
+    """The highest rate up to which every rate met the SLO (None if the lowest did not)."""
+    best = None
+    for r in sorted(rows, key=lambda r: r["rate"]):
+        if not r["slo_ok"]:
+            break
+        best = r["rate"]
+    return best
 
 
 def bench_w3(bench: PrefixBench) -> dict[str, Any]:

@@ -12,6 +12,21 @@ from roseinfer.bench.workloads import Workload
 from roseinfer.config import ModelConfig
 
 
+def distinct_prompt_tokens(prompts: list[list[int]]) -> int:
+    """Nodes of the prompts' token trie: the prompt tokens any prefix cache must still compute."""
+    root: dict = {}
+    count = 0
+    for prompt in prompts:
+        node = root
+        for t in prompt:
+            nxt = node.get(t)
+            if nxt is None:
+                nxt = node[t] = {}
+                count += 1
+            node = nxt
+    return count
+
+
 def roofline_floor(
     model_config: ModelConfig,
     dtype: torch.dtype,
@@ -20,11 +35,13 @@ def roofline_floor(
     bandwidth: float,
     tflops: float,
     kv_dtype: torch.dtype | None = None,
+    prefix_caching: bool = False,
 ) -> dict[str, float]:
     """Lower bound of the run's time on this device.
 
     Prefill: 2 x matmul params x prompt tokens (the LM head only at each request's last prompt token)
-    at the measured matmul rate. Decode: every decode step reads all weights once, and each generated
+    at the measured matmul rate; with `prefix_caching`, each distinct prompt prefix token counts once (the
+    least any prefix cache must compute). Decode: every decode step reads all weights once, and each generated
     token reads its context's KV once, at the measured copy bandwidth. Steps: at least the longest
     output, and at least the decode tokens over the batch limit. KV bytes are of `kv_dtype` (default: `dtype`).
     """
@@ -32,7 +49,8 @@ def roofline_floor(
     elem = torch.empty((), dtype=dtype).element_size()
     embed = c.vocab_size * c.hidden_size
     layer_params = c.num_layers * c.layer_params()
-    prefill_flops = 2 * layer_params * workload.num_prompt_tokens + 2 * embed * workload.num_requests
+    prompt_tokens = distinct_prompt_tokens(workload.prompts) if prefix_caching else workload.num_prompt_tokens
+    prefill_flops = 2 * layer_params * prompt_tokens + 2 * embed * workload.num_requests
     decode_tokens = [max(0, n - 1) for n in workload.output_lens]  # the first token comes from prefill
     steps = max(max(decode_tokens), math.ceil(sum(decode_tokens) / max_num_seqs))
     weight_bytes = (layer_params + embed) * elem

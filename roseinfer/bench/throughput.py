@@ -115,8 +115,11 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     results: list[RunResult] = []
     shared_model: nn.Module | None = None
     max_num_seqs = 0
+    # Did any run reuse prompt KV? Then the floor counts each distinct prompt token once.
+    prefix_caching = False
     for mode in modes:
         config, path = make_engine_config(model, **engine_kwargs(args, workload, mode))
+        prefix_caching |= config.cache.enable_prefix_caching
         engine = LLMEngine(config, path, shared_model)
         shared_model = engine.core.runner.model
         max_num_seqs = max(max_num_seqs, 1 if mode == "naive" else config.scheduler.max_num_seqs)
@@ -149,7 +152,13 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     if limits is not None:
         kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype or "auto", dtype)
         floor = roofline_floor(
-            model_config, dtype, workload, max(max_num_seqs, 1), *limits, kv_dtype=kv_dtype
+            model_config,
+            dtype,
+            workload,
+            max(max_num_seqs, 1),
+            *limits,
+            kv_dtype=kv_dtype,
+            prefix_caching=prefix_caching,
         )
         print(format_roofline(floor, results + ([hf_result] if hf_result else [])), flush=True)
 
