@@ -53,6 +53,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    sliding_window: int | None = None  # attention window (HF Mistral; Qwen2/3 with use_sliding_window)
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
@@ -75,7 +76,7 @@ class ModelConfig:
                 intermediate_size=cfg.get("n_inner") or 4 * hidden,
                 max_position_embeddings=cfg.get("n_positions", 1024),
                 norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
-                tie_word_embeddings=True,
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
                 qkv_bias=True,
                 hidden_act=cfg.get("activation_function", "gelu_new"),
                 eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
@@ -97,6 +98,15 @@ class ModelConfig:
                 raise ValueError(f"rope_scaling type {rope_type!r} is not supported (supported: llama3)")
             if rope_type == "default":
                 rope_scaling = None
+        sliding_window = cfg.get("sliding_window") if model_type == "mistral" else None
+        if model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+            layers = cfg["num_hidden_layers"]
+            types = cfg.get("layer_types") or [
+                "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
+                for i in range(layers)
+            ]
+            if "sliding_attention" in types:
+                sliding_window = cfg.get("sliding_window", 4096)
         return ModelConfig(
             architecture=arch,
             model_type=model_type,
@@ -117,6 +127,7 @@ class ModelConfig:
             hidden_act=cfg.get("hidden_act", "silu"),
             eos_token_ids=_as_tuple(cfg.get("eos_token_id")),
             bos_token_id=cfg.get("bos_token_id"),
+            sliding_window=sliding_window,
             hf_config=dict(cfg),
         )
 

@@ -40,9 +40,9 @@ def _hf_source(ours: dict[str, torch.Tensor], model: nn.Module, name: str) -> to
                 start = sum(sizes[:shard])
                 return target[start : start + sizes[shard]]
         return ours.get(name)
-    # GPT-2: our names drop HF's "transformer." prefix; the LM head is the token embedding.
+    # GPT-2: our names drop HF's "transformer." prefix; a tied LM head is the token embedding.
     if name == "lm_head.weight":
-        return ours.get("wte.weight")
+        return ours.get("lm_head.weight", ours.get("wte.weight"))
     return ours.get(name.removeprefix("transformer."))
 
 

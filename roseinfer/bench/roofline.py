@@ -76,7 +76,7 @@ def weight_bytes_per_decode(cfg: ModelConfig, elem: int) -> int:
     """Bytes of weights a decode step must read: everything but the input embedding table of an untied model
     (it reads only a few rows of that)."""
     total = cfg.params_count()
-    if not cfg.tie_word_embeddings and cfg.model_type != "gpt2":
+    if not cfg.tie_word_embeddings:
         total -= cfg.vocab_size * cfg.hidden_size
     return total * elem
 

@@ -63,11 +63,15 @@ def make_engine_config(
             dtype = "float32"  # half precision matmuls on CPU are slow and gain nothing here
     if max_model_len is not None and max_model_len < 0:
         raise ValueError(f"max_model_len must be >= 0 (0: the model's), got {max_model_len}")
-    max_len = max_model_len or model_config.max_position_embeddings
-    if max_len > model_config.max_position_embeddings:
+    limit = model_config.max_position_embeddings
+    if model_config.sliding_window is not None:
+        limit = min(limit, model_config.sliding_window)  # up to the window, full attention is exact
+    max_len = max_model_len or limit
+    if max_len > limit:
         raise ValueError(
             f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-            f"{model_config.max_position_embeddings}"
+            f"{model_config.max_position_embeddings} or its sliding_window {model_config.sliding_window} "
+            "(sliding-window attention is not supported)"
         )
     if attention_backend is None:
         attention_backend = "triton" if dev.type == "cuda" and _triton_available() else "torch"

@@ -14,7 +14,10 @@ class GPT2Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        self.scale = self.head_dim**-0.5
+        hf = cfg.hf_config
+        self.scale = self.head_dim**-0.5 if hf.get("scale_attn_weights", True) else 1.0
+        if hf.get("scale_attn_by_inverse_layer_idx", False):
+            self.scale /= float(layer_idx + 1)
         self.c_attn = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.c_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
@@ -57,6 +60,8 @@ class GPT2LMHeadModel(nn.Module):
         self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.h = nn.ModuleList(GPT2Block(cfg, i) for i in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
@@ -65,6 +70,8 @@ class GPT2LMHeadModel(nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head(hidden)
         return hidden @ self.wte.weight.t()
 
     def build_buffers(self, device: torch.device) -> None:
@@ -75,7 +82,9 @@ class GPT2LMHeadModel(nn.Module):
 
     def load_weight(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str | None:
         name = name.removeprefix("transformer.")
-        if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            return None
+        if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
             return None
         # HF GPT-2 stores its projections as Conv1D, [in, out]: ours are nn.Linear, [out, in].
         if name.endswith(".weight") and any(p in name for p in ("c_attn", "c_proj", "c_fc")):
