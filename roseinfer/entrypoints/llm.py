@@ -68,11 +68,10 @@ def make_engine_config(
         limit = min(limit, model_config.sliding_window)  # up to the window, full attention is exact
     max_len = max_model_len or limit
     if max_len > limit:
-        raise ValueError(
-            f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-            f"{model_config.max_position_embeddings} or its sliding_window {model_config.sliding_window} "
-            "(sliding-window attention is not supported)"
-        )
+        what = f"max_position_embeddings {model_config.max_position_embeddings}"
+        if limit < model_config.max_position_embeddings:
+            what = f"sliding_window {limit} (sliding-window attention is not supported; within it, full is exact)"
+        raise ValueError(f"max_model_len {max_len} exceeds the model's {what}")
     if attention_backend is None:
         attention_backend = "triton" if dev.type == "cuda" and _triton_available() else "torch"
     config = EngineConfig(
