@@ -18,30 +18,23 @@ GEMMs told to leave those s SMs free.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
+import sweep_decode_config as sweep  # this folder is on sys.path
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from roseinfer.bench.kernels import _median_ms
+from roseinfer.config import ModelConfig
 from roseinfer.kernels.paged_decode_split import choose_num_splits
+from roseinfer.models.loader import BUILTIN_CONFIG_DIR
 
-HIDDEN, INTERMEDIATE, HQ, HKV, D = 4096, 14336, 32, 8, 128  # llama-3.1-8b
+LLAMA = ModelConfig.from_path(f"{BUILTIN_CONFIG_DIR}/llama-3.1-8b.json")
+HQ, HKV, D = LLAMA.num_heads, LLAMA.num_kv_heads, LLAMA.head_dim
+HIDDEN, INTERMEDIATE = LLAMA.hidden_size, LLAMA.intermediate_size
 GEMMS = ((HQ + 2 * HKV) * D, HIDDEN), (HIDDEN, HQ * D), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)
-
-
-def _sweep_module():
-    path = Path(__file__).with_name("sweep_decode_config.py")
-    spec = importlib.util.spec_from_file_location("sweep_decode_config", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def capture(*branches: Callable[[], None]) -> torch.cuda.CUDAGraph:
@@ -96,6 +89,24 @@ def timed_us(*branches: Callable[[], None]) -> float:
     return _median_ms(capture(*branches).replay) * 1e3
 
 
+def measure(gemms: Callable[[], None], other: Callable[[], None], carveout: str) -> tuple[float, ...]:
+    """us of the GEMMs alone, the other kernel alone, both back to back and both at once, with the GEMMs on
+    `carveout`'s BLAS (`set_blas`); then the overlap, (serial - concurrent) / min(gemm, other)."""
+    set_blas(carveout)
+    try:
+        gemm_us, other_us = timed_us(gemms), timed_us(other)
+        serial_us, conc_us = timed_us(serial(gemms, other)), timed_us(gemms, other)
+    finally:
+        set_blas("none")
+    return gemm_us, other_us, serial_us, conc_us, (serial_us - conc_us) / min(gemm_us, other_us)
+
+
+def row(labels: tuple[object, ...], measured: tuple[float, ...]) -> str:
+    """A markdown table row: the labels, then `measure`'s us and its overlap."""
+    *us, overlap = measured
+    return "| " + " | ".join([*map(str, labels), *(f"{t:.0f}" for t in us), f"{overlap:.2f}"]) + " |"
+
+
 def serial(*steps: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
         for step in steps:
@@ -122,7 +133,6 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
-    sweep = _sweep_module()
     sweep.LAYERS = args.layers
     weights = [
         [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * k**-0.5 for n, k in GEMMS]
@@ -149,22 +159,8 @@ def main() -> None:
 
             gemms = gemm_chain(weights, x)
             for carveout in args.carveouts.split(","):
-                lt = carveout != "none"
-                set_blas(carveout)
-                try:
-                    us = [timed_us(fn) for fn in (gemms, attention, serial(gemms, attention))]
-                    us.append(timed_us(gemms, attention))
-                finally:
-                    torch._C._set_sm_carveout_experimental(None)
-                    torch.backends.cuda.preferred_blas_library("cublas")
-                gemm_us, attn_us, serial_us, conc_us = us
-                overlap = (serial_us - conc_us) / min(gemm_us, attn_us)
-                label = f"Lt, {carveout} SMs left" if lt else "as the engine"
-                print(
-                    f"| {rows} | {batch} | {label} | {gemm_us:.0f} | {attn_us:.0f} | {serial_us:.0f} | "
-                    f"{conc_us:.0f} | {overlap:.2f} |",
-                    flush=True,
-                )
+                label = "as the engine" if carveout == "none" else f"Lt, {carveout} SMs left"
+                print(row((rows, batch, label), measure(gemms, attention, carveout)), flush=True)
         del case
         torch.cuda.empty_cache()
 
@@ -193,20 +189,7 @@ def main_reader(args: argparse.Namespace, weights: list[list[torch.Tensor]], sms
         x = torch.randn(rows, INTERMEDIATE, device=device, dtype=torch.bfloat16)
         gemms = gemm_chain(weights, x)
         for carveout in ("16", "24", "32", "48"):
-            set_blas(carveout)
-            try:
-                read = reader(buffer, int(carveout))
-                gemm_us, read_us = timed_us(gemms), timed_us(read)
-                serial_us, conc_us = timed_us(serial(gemms, read)), timed_us(gemms, read)
-            finally:
-                set_blas("none")
-            overlap = (serial_us - conc_us) / min(gemm_us, read_us)
-            print(
-                f"| {rows} | {carveout} | {gemm_us:.0f} | {read_us:.0f} | {serial_us:.0f} | {conc_us:.0f} | "
-                f"{overlap:.2f} |",
-                flush=True,
-            )
-    set_blas("none")
+            print(row((rows, carveout), measure(gemms, reader(buffer, int(carveout)), carveout)), flush=True)
     print(f"(as the engine: gemm {timed_us(gemm_chain(weights, x)):.0f} us at {rows} rows, {sms} SMs)")
 
 

@@ -191,7 +191,7 @@ def bench_w3(bench: PrefixBench) -> dict[str, Any]:
     shape = {"prefix_len": prefix_len, "suffix_len": suffix_len, "output_len": output_len, "seed": a.seed}
     streams = [build_w3(vocab, n, i + 1, **shape) for i in range(len(rates))]
     n_warm = a.warmup_requests if a.warmup_requests is not None else W3_WARMUP_REQUESTS
-    warm = build_w3(vocab, max(1, n_warm), 0, **shape)
+    warm = build_w3(vocab, n_warm, 0, **shape)
     sizing = Workload("W3", streams[0].description, streams[0].prompts, streams[0].params, a.seed)
     slo = a.slo_p99_s
     rows: list[dict[str, Any]] = []
