@@ -25,28 +25,33 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
     if "$@" > "$LOGS/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$LOGS/$name.log"; fi
     grep -E "$filter" "$LOGS/$name.log" | cut -c1-160 | tail -n 40
 }
-# sharded_pytest ARGS...: the tests ARGS select, dealt round-robin over this machine's GPUs (one pytest process a
-# GPU, CUDA_VISIBLE_DEVICES), so that a multi-GPU lease runs the suite in a fraction of the time; one GPU: one process.
+# sharded_pytest TAG K ARGS...: the tests ARGS select, dealt round-robin over K pytest processes a GPU on each of
+# this machine's GPUs (CUDA_VISIBLE_DEVICES), so that Triton's compiles (CPU-bound) run side by side; one GPU, K=1: one
+# process. K > 1 suits tests whose memory is small and fixed (the kernel files); an engine that sizes its cache from
+# the free memory needs the GPU to itself (K=1). Logs: $LOGS/TAG.ids (every id), TAG.ids.I and TAG.shardI.log.
 sharded_pytest() {
-    local n i rc=0 pids=()
+    local tag=$1 k=$2 n m i rc=0 pids=(); shift 2
     n=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
-    python3 -m pytest -q -p no:cacheprovider --collect-only "$@" | grep '::' > "$LOGS/test_ids" || return 1
-    echo "$(wc -l < "$LOGS/test_ids") tests over $n GPU(s)"
-    for ((i = 0; i < n; i++)); do
-        awk -v n="$n" -v i="$i" 'NR % n == i' "$LOGS/test_ids" > "$LOGS/test_ids.$i"
-        mapfile -t ids < "$LOGS/test_ids.$i"
+    m=$((n * k))
+    python3 -m pytest -q -p no:cacheprovider --collect-only "$@" | grep '::' > "$LOGS/$tag.ids" || return 1
+    echo "$(wc -l < "$LOGS/$tag.ids") tests over $n GPU(s), $k process(es) each"
+    for ((i = 0; i < m; i++)); do
+        awk -v m="$m" -v i="$i" 'NR % m == i' "$LOGS/$tag.ids" > "$LOGS/$tag.ids.$i"
+        mapfile -t ids < "$LOGS/$tag.ids.$i"
         [ ${#ids[@]} -eq 0 ] && continue
-        CUDA_VISIBLE_DEVICES=$i python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/tests_shard$i.log" 2>&1 &
+        CUDA_VISIBLE_DEVICES=$((i % n)) python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/$tag.shard$i.log" 2>&1 &
         pids+=($!)
     done
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
-    for ((i = 0; i < n; i++)); do [ -f "$LOGS/tests_shard$i.log" ] && { echo "shard $i:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/tests_shard$i.log" | tail -n 20; }; done
+    for ((i = 0; i < m; i++)); do [ -f "$LOGS/$tag.shard$i.log" ] && { echo "shard $i:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.shard$i.log" | tail -n 20; }; done
     return $rc
 }
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
-    tests) run tests 'passed|failed|error' sharded_pytest -m gpu tests/gpu tests/kernels ;;
+    tests)  # kernel files KERNEL_PROCS_PER_GPU (default 6) processes a GPU; then the engine files one a GPU
+      run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS_PER_GPU:-6}" -m gpu tests/kernels
+      run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e 1 -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;
