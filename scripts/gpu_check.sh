@@ -27,8 +27,8 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
 }
 # sharded_pytest TAG K ARGS...: the tests ARGS select, dealt round-robin over K pytest processes a GPU on each of
 # this machine's GPUs (CUDA_VISIBLE_DEVICES), so that Triton's compiles (CPU-bound) run side by side; one GPU, K=1: one
-# process. K > 1 suits tests whose memory is small and fixed (the kernel files); an engine that sizes its cache from
-# the free memory needs the GPU to itself (K=1). Logs: $LOGS/TAG.ids (every id), TAG.ids.I and TAG.shardI.log.
+# process. K > 1 suits tests whose memory is small and fixed; an engine left at the default gpu_memory_utilization
+# (0.9) needs the GPU to itself (K=1). Logs: $LOGS/TAG.ids (every id), TAG.ids.I and TAG.shardI.log.
 sharded_pytest() {
     local tag=$1 k=$2 n m i rc=0 pids=(); shift 2
     n=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
@@ -49,9 +49,10 @@ sharded_pytest() {
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
-    tests)  # kernel files KERNEL_PROCS_PER_GPU (default 6) processes a GPU; then the engine files one a GPU
-      run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS_PER_GPU:-6}" -m gpu tests/kernels
-      run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e 1 -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
+    tests)  # kernel files KERNEL_PROCS (default 6) pytest processes a GPU, then the engine files E2E_PROCS (default 3):
+            # their engines take fixed KV pools, except two that size theirs at 0.3-0.5 of the GPU, which fits beside
+      run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS:-6}" -m gpu tests/kernels ${KERNEL_K:+-k "$KERNEL_K"}
+      run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e "${E2E_PROCS:-3}" -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;

@@ -1,0 +1,42 @@
+"""`scripts/gpu_check.sh tests` deals each selection over K pytest processes a GPU: every collected test lands in
+exactly one shard, each shard runs, and the kernel and engine runs keep separate logs. On a CPU machine the `gpu`
+tests skip, which is enough to check the dealing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="bash script")
+def test_tests_section_deals_every_test_to_one_shard(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    env = dict(
+        os.environ,
+        GPU_CHECK_LOGS=str(logs),
+        KERNEL_PROCS="3",
+        KERNEL_K="block_copy or kv_store or test_sampling",
+        E2E_PROCS="2",
+        E2E_K="bench",
+    )
+    env.pop("OUT", None)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "tests"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for tag, shards in (("kernels", 3), ("e2e", 2)):
+        everything = (logs / f"{tag}.ids").read_text().split()
+        assert len(everything) >= shards
+        dealt = [(logs / f"{tag}.ids.{i}").read_text().split() for i in range(shards)]
+        assert sorted(sum(dealt, [])) == sorted(everything)
+        assert all(dealt), "a shard got no tests"
+        for i in range(shards):
+            log = (logs / f"{tag}.shard{i}.log").read_text()
+            assert f"{len(dealt[i])} skipped" in log
+        assert not (logs / f"{tag}.ids.{shards}").exists()
+    assert "tests over 1 GPU(s), 3 process(es) each" in run.stdout
