@@ -105,9 +105,12 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._prefix_offset = max(len(self._ids) - self.PROMPT_CONTEXT, 0)
         self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        if self._prefix_text.endswith(_REPLACEMENT_CHAR):
-            # The prompt ends mid-character: decode the output on its own rather than against broken context.
-            self._prefix_offset, self._prefix_text = self._read_offset, ""
+        while self._prefix_text.endswith(_REPLACEMENT_CHAR):
+            # The window starts inside a character: byte-fallback decoders (SentencePiece's <0xNN> tokens)
+            # then turn the whole byte run, its last character included, into U+FFFD. Start it later; where
+            # no start decodes cleanly the prompt itself ends mid-character, and the output is decoded alone.
+            self._prefix_offset += 1
+            self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
         self._text_parts: list[str] = []
 
     # -- public API ---------------------------------------------------------------------------------------

@@ -298,3 +298,55 @@ def test_detokenizer_long_invalid_run_stays_bounded(tok: PreTrainedTokenizerBase
         assert det.num_pending_tokens <= IncrementalDetokenizer.MAX_PENDING + 1
     assert emitted.endswith(FFFD + "世")
     assert emitted + det.flush() == tok.decode(ids)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A SentencePiece-like tokenizer (Llama 2 / Mistral style): "▁" for spaces, byte-fallback tokens <0xNN> for
+# characters outside the vocabulary, and a decoder that strips the text's one leading space.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sp_tok() -> PreTrainedTokenizerBase:
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, min_frequency=2, special_tokens=specials + byte_tokens, show_progress=False
+    )
+    tok.train_from_iterator(
+        ["Hello world. The quick brown fox jumps over the lazy dog. Great answer."] * 4, trainer
+    )
+    # As in a real SentencePiece vocabulary, the byte tokens are ordinary tokens, not special ones.
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in specials]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+@pytest.mark.parametrize("prompt_text", ["I love 🚀🚀", "Hello 世界", "The fox 🚀"])
+def test_detokenizer_keeps_the_first_space_after_byte_fallback_prompt(
+    sp_tok: PreTrainedTokenizerBase, prompt_text: str
+) -> None:
+    """A prompt ending in byte-fallback tokens whose context window starts mid-character (all of that run
+    decodes to U+FFFD) must still serve as context: the first output token's leading space is kept."""
+    prompt = [sp_tok.bos_token_id] + encode(sp_tok, prompt_text)
+    out = encode(sp_tok, "Great answer")
+    assert sp_tok.convert_ids_to_tokens(prompt)[-1].startswith("<0x")  # the prompt ends in byte tokens
+    want = sp_tok.decode(prompt + out, skip_special_tokens=True)
+    assert want == prompt_text + " Great answer"
+    det = IncrementalDetokenizer(sp_tok, prompt)
+    assert "".join(stream(det, out)) == " Great answer"
