@@ -131,10 +131,16 @@ class IncrementalDetokenizer:
         return len(self._ids) - self._read_offset
 
     def add(self, new_token_ids: Sequence[int]) -> str:
-        """Append newly generated token ids; return the newly completed text (possibly ``""``)."""
-        if not new_token_ids:
-            return ""
-        self._ids.extend(int(i) for i in new_token_ids)
+        """Append newly generated token ids; return the newly completed text (possibly ``""``).
+
+        The ids are taken one at a time: a chunk ending inside a character would hide the clean boundaries
+        within it, and byte-fallback decoders turn a byte run that ends mid-character into U+FFFD throughout,
+        its complete characters included, until the held-back run is long enough to be pushed out as is.
+        """
+        return "".join([self._add_one(int(i)) for i in new_token_ids])
+
+    def _add_one(self, token_id: int) -> str:
+        self._ids.append(token_id)
         n = len(self._ids)
         new_text = self._decode(self._prefix_offset, n)
         pending = n - self._read_offset

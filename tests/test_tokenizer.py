@@ -350,3 +350,17 @@ def test_detokenizer_keeps_the_first_space_after_byte_fallback_prompt(
     assert want == prompt_text + " Great answer"
     det = IncrementalDetokenizer(sp_tok, prompt)
     assert "".join(stream(det, out)) == " Great answer"
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 5])
+def test_detokenizer_chunks_of_byte_fallback_tokens_never_emit_broken_text(
+    sp_tok: PreTrainedTokenizerBase, chunk: int
+) -> None:
+    """Byte fallback decodes a run of byte tokens as one: a complete emoji followed by part of the next one
+    decodes to U+FFFD throughout. Chunks that always end mid-emoji must not push such text out as final."""
+    text = "Hello 🚀🚀🚀🚀😀😀 world 你好世界"
+    ids = encode(sp_tok, text)
+    det = IncrementalDetokenizer(sp_tok, [sp_tok.bos_token_id])
+    deltas = stream(det, ids, [chunk] * len(ids))
+    assert all(FFFD not in d for d in deltas), deltas
+    assert "".join(deltas) == text == det.text
