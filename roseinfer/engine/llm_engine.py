@@ -242,9 +242,11 @@ class _Sequence:
         reason = req.stop_reason
         if isinstance(reason, int) and reason not in req.params.stop_token_ids:
             reason = None  # an eos id: vLLM reports no stop reason for it
-        return CompletionOutput(
-            req.sample_index, self.text, list(req.output_token_ids), req.finish_reason, reason
-        )
+        text = self.text
+        if req.params.stop and not req.is_finished:
+            # As vLLM: hold back what could still begin a stop string, so streamed text is never cut back.
+            text = text[: max(len(text) - max(len(s) for s in req.params.stop) + 1, 0)]
+        return CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
 
 
 class _Group:

@@ -114,3 +114,31 @@ def test_the_engine_seed_fixes_unseeded_sampling(model_with_tokenizer: str) -> N
 
     assert run(0, 1) == run(0, 2)
     assert run(0, 1) != run(1, 1)
+
+
+def stream_texts(llm: LLM, params: SamplingParams) -> list[str]:
+    """The text of each output `LLMEngine.step()` gives for one request, in order."""
+    engine = llm.engine
+    rid = engine.add_request([5, 6, 7], params)
+    texts = []
+    while engine.has_unfinished_requests():
+        texts += [o.outputs[0].text for o in engine.step() if o.request_id == rid]
+    return texts
+
+
+def test_streamed_text_never_takes_back_the_start_of_a_stop_string(llm: LLM) -> None:
+    """As vLLM: while a sequence runs, its text holds back the characters that could still begin a stop
+    string, so each output's text extends the one before (it once showed a stop string's first characters,
+    then cut them)."""
+    free = stream_texts(llm, greedy(16, ignore_eos=True))
+    text = free[-1]
+    # A stop string whose first two characters arrive one step before its third, found first there.
+    stop, cut = next(
+        (t[-2:] + text[len(t)], len(t) - 2)
+        for t, before in zip(free[1:], free)
+        if len(t) - len(before) >= 2 and len(t) < len(text) and text.find(t[-2:] + text[len(t)]) == len(t) - 2
+    )
+    texts = stream_texts(llm, greedy(16, ignore_eos=True, stop=[stop]))
+    assert texts[-1] == text[:cut]
+    for before, after in zip(texts, texts[1:]):
+        assert after.startswith(before), (stop, texts)
