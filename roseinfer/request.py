@@ -41,6 +41,8 @@ class Request:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> None:
+        if params.max_tokens is None:
+            raise ValueError("a Request needs max_tokens resolved (LLMEngine.add_request resolves None)")
         self.request_id = request_id
         self.uid = next(_UIDS)  # engine-internal identity: user request ids may look like anything
         self.prompt = prompt

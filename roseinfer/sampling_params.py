@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+
+def _plain_int(value: object) -> object:
+    """numpy and other integral scalars as a plain int (bools stay as they are); anything else unchanged."""
+    return int(value) if isinstance(value, Integral) and not isinstance(value, bool) else value
+
+
+def _plain_float(value: object) -> object:
+    """numpy and other real scalars as a plain float (bools stay as they are); anything else unchanged."""
+    return float(value) if isinstance(value, Real) and not isinstance(value, bool) else value
 
 
 @dataclass
@@ -13,16 +24,22 @@ class SamplingParams:
     top_k: int = -1  # -1 (or 0): no top-k
     min_p: float = 0.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = (
+        16  # None: as many as the context (and the KV cache) leave, resolved at admission
+    )
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("top_k", "max_tokens", "n", "seed"):
+            setattr(self, name, _plain_int(getattr(self, name)))
         for name in ("temperature", "top_p", "min_p"):
-            value = getattr(self, name)
+            value = _plain_float(getattr(self, name))
+            setattr(self, name, value)
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise ValueError(f"{name} must be a number, got {value!r}")
             if math.isnan(value) or math.isinf(value):
@@ -35,8 +52,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.seed is not None and not isinstance(self.seed, int):
@@ -48,7 +65,7 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop must hold non-empty strings")
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = [_plain_int(t) for t in self.stop_token_ids or []]  # type: ignore[misc]
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids}")
 

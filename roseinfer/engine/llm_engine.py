@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,9 @@ from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 
-Prompt = str | list[int] | dict[str, Any]  # dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}
+Prompt = (
+    str | list[int] | tuple[int, ...] | np.ndarray | dict[str, Any]
+)  # dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}
 
 
 class LLMEngine:
@@ -43,8 +46,9 @@ class LLMEngine:
 
     # -- front door -------------------------------------------------------------------------------
 
-    def validate(self, prompt: Prompt, params: SamplingParams) -> list[int]:
-        """Tokenize and check one request; raises ValueError naming the field and the limit."""
+    def validate(self, prompt: Prompt, params: SamplingParams) -> tuple[list[int], SamplingParams]:
+        """Tokenize and check one request; raises ValueError naming the field and the limit. Returns the prompt's
+        ids and the params to run, `max_tokens=None` resolved to what the context and the KV cache leave."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if params.stop and self.tokenizer is None:
@@ -56,8 +60,8 @@ class LLMEngine:
                 ids = self.tokenizer.encode(prompt)
             except (TypeError, UnicodeError) as e:  # e.g. lone surrogates
                 raise ValueError(f"prompt text could not be tokenized: {e}") from e
-        elif isinstance(prompt, list | tuple):
-            ids = list(prompt)
+        elif isinstance(prompt, list | tuple | np.ndarray):
+            ids = prompt.tolist() if isinstance(prompt, np.ndarray) else list(prompt)
         else:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
@@ -70,6 +74,9 @@ class LLMEngine:
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt has {len(ids)} tokens; the model context is {max_len} (max_model_len)")
+        pool_tokens = self.core.num_blocks * self.config.cache.block_size
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=max(min(max_len, pool_tokens) - len(ids), 1))
         if len(ids) + params.max_tokens > max_len:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
@@ -81,13 +88,12 @@ class LLMEngine:
                 f"prompt has {len(ids)} tokens; with chunked prefill off a prompt must fit one step's "
                 f"budget of {sched.max_num_batched_tokens} tokens (max_num_batched_tokens)"
             )
-        pool_tokens = self.core.num_blocks * self.config.cache.block_size
         if len(ids) + params.max_tokens > pool_tokens:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) can never fit the KV cache "
                 f"of {pool_tokens} tokens ({self.core.num_blocks} blocks)"
             )
-        return ids
+        return ids, params
 
     def add_request(
         self,
@@ -100,7 +106,7 @@ class LLMEngine:
         if isinstance(prompt, dict):
             cache_salt = prompt.get("cache_salt", cache_salt)
             prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
-        ids = self.validate(prompt, params)
+        ids, params = self.validate(prompt, params)
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         rid = request_id if request_id is not None else str(next(self._ids))
@@ -142,7 +148,7 @@ class LLMEngine:
             raise RuntimeError("pin prefixes before adding requests: pinning steps the engine")
         while self.has_unfinished_requests():  # a step of aborted requests may still be in flight
             self.step()
-        ids = self.validate(prefix, SamplingParams(max_tokens=1))
+        ids, _ = self.validate(prefix, SamplingParams(max_tokens=1))
         aligned = len(ids) - len(ids) % self.config.cache.block_size
         if aligned == 0:
             raise ValueError(
@@ -225,7 +231,7 @@ class _Sequence:
         if not found:
             return False
         hit, stop = min(found)
-        self.text = self.text[:hit]
+        self.text = self.text[: hit + len(stop) if req.params.include_stop_str_in_output else hit]
         req.stop_reason = stop
         extra = len(req.output_token_ids) - self.num_seen  # generated past the stop in the same step
         if extra:
@@ -243,7 +249,7 @@ class _Sequence:
         if isinstance(reason, int) and reason not in req.params.stop_token_ids:
             reason = None  # an eos id: vLLM reports no stop reason for it
         text = self.text
-        if req.params.stop and not req.is_finished:
+        if req.params.stop and not req.params.include_stop_str_in_output and not req.is_finished:
             # As vLLM: hold back what could still begin a stop string, so streamed text is never cut back.
             text = text[: max(len(text) - max(len(s) for s in req.params.stop) + 1, 0)]
         return CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
@@ -273,7 +279,7 @@ class _Group:
         return RequestOutput(
             request_id=root.request_id,
             prompt=root.prompt,
-            prompt_token_ids=root.prompt_token_ids,
+            prompt_token_ids=list(root.prompt_token_ids),  # the caller's to keep: not the request's own list
             outputs=[seq.output() for seq in self.seqs],
             finished=self.finished,
             num_cached_tokens=root.num_cached_tokens,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -175,9 +176,11 @@ class LLM:
         """Outputs come back in input order. Invalid prompts are reported together, after the valid ones
         have run, as an `InvalidRequestError` (a ValueError) carrying the valid outputs."""
         if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+            isinstance(prompts, list | tuple | np.ndarray)
+            and len(prompts) > 0
+            and isinstance(prompts[0], int | np.integer)
         ):
-            prompts = [prompts]
+            prompts = [prompts]  # one prompt of token ids, not a batch of one-token prompts
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -197,7 +200,9 @@ class LLM:
             except ValueError as e:
                 errors[i] = str(e)
         results: list[RequestOutput | None] = [None] * len(prompts)
-        total = sum(p.max_tokens * p.n for i, p in enumerate(params) if i not in errors)
+        # Each request's token budget as admitted (max_tokens=None resolved), for the progress bar.
+        budget = {i: engine.groups[rid].root.params for rid, i in index.items()}
+        total = sum(p.max_tokens * p.n for p in budget.values())
         with tqdm(total=total, desc="generate", unit="tok", disable=not use_tqdm or not index) as bar:
             while engine.has_unfinished_requests():
                 before = engine.num_generated_tokens
@@ -206,7 +211,7 @@ class LLM:
                     if i is not None:
                         results[i] = out
                         # Requests that stop early: count their unused budget as done.
-                        unused = params[i].max_tokens * params[i].n - sum(
+                        unused = budget[i].max_tokens * budget[i].n - sum(
                             len(c.token_ids) for c in out.outputs
                         )
                         bar.update(unused)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +143,68 @@ def test_streamed_text_never_takes_back_the_start_of_a_stop_string(llm: LLM) -> 
     assert texts[-1] == text[:cut]
     for before, after in zip(texts, texts[1:]):
         assert after.startswith(before), (stop, texts)
+
+
+def test_numpy_scalars_are_accepted_where_vllm_takes_them(llm: LLM) -> None:
+    params = SamplingParams(
+        temperature=np.float32(0.0),
+        top_k=np.int64(5),
+        max_tokens=np.int32(4),
+        seed=np.uint64(7),
+        n=np.int8(1),
+        stop_token_ids=[np.int64(3)],
+        ignore_eos=True,
+    )
+    assert (
+        type(params.max_tokens) is int and type(params.seed) is int and type(params.stop_token_ids[0]) is int
+    )
+    assert type(params.temperature) is float
+    want = llm.generate([[5, 6, 7]], greedy(4, ignore_eos=True, stop_token_ids=[3]), use_tqdm=False)[0]
+    got = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("shape", [tuple, np.array, lambda ids: [np.int64(i) for i in ids]])
+def test_a_single_prompt_of_ids_in_any_sequence_is_one_prompt(llm: LLM, shape) -> None:
+    want = llm.generate([[5, 6, 7]], greedy(), use_tqdm=False)[0]
+    got = llm.generate(shape([5, 6, 7]), greedy(), use_tqdm=False)
+    assert len(got) == 1 and got[0].prompt_token_ids == [5, 6, 7]
+    assert got[0].outputs[0].token_ids == want.outputs[0].token_ids
+
+
+def test_max_tokens_none_runs_to_the_context_limit(model_with_tokenizer: str) -> None:
+    llm = LLM(model_with_tokenizer, device="cpu", block_size=4, cpu_kv_tokens=2048, max_model_len=24)
+    out = llm.generate(
+        [[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 24 - 3 and out[0].outputs[0].finish_reason == "length"
+    assert_serving(llm)
+
+
+def test_max_tokens_none_is_capped_by_a_kv_cache_smaller_than_the_context(model_with_tokenizer: str) -> None:
+    llm = LLM(model_with_tokenizer, device="cpu", block_size=4, num_kv_blocks=8, max_model_len=64)
+    out = llm.generate(
+        [[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 8 * 4 - 3
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(llm: LLM) -> None:
+    text = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    kept = greedy(10, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    out = llm.generate([[5, 6, 7]], kept, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == text[: text.find(stop) + len(stop)]
+
+
+def test_a_callers_edit_of_prompt_token_ids_does_not_reach_the_engine(llm: LLM) -> None:
+    engine = llm.engine
+    rid = engine.add_request([5, 6, 7], greedy(8, ignore_eos=True))
+    outputs = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == rid:
+                out.prompt_token_ids.append(99)  # the caller's copy
+                outputs.append(out)
+    assert len(outputs) >= 2 and all(o.prompt_token_ids == [5, 6, 7, 99] for o in outputs)
