@@ -83,6 +83,11 @@ class ModelConfig:
                 bos_token_id=cfg.get("bos_token_id"),
                 hf_config=dict(cfg),
             )
+        supported = sorted(set(_ARCH_BY_TYPE.values()))
+        if arch not in supported:  # before reading fields other architectures may lack (a KeyError)
+            raise ValueError(
+                f"architecture {arch or None!r} (model_type {model_type!r}) is not supported; supported: {supported}"
+            )
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         rope_scaling = cfg.get("rope_scaling")
