@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from roseinfer.config import ModelConfig
-from roseinfer.models.layers import ACTIVATIONS, ForwardContext, paged_attention
+from roseinfer.models.layers import ACTIVATIONS, ForwardContext, copy_checkpoint_tensor, paged_attention
 
 
 class GPT2Attention(nn.Module):
@@ -89,7 +89,7 @@ class GPT2LMHeadModel(nn.Module):
         # HF GPT-2 stores its projections as Conv1D, [in, out]: ours are nn.Linear, [out, in].
         if name.endswith(".weight") and any(p in name for p in ("c_attn", "c_proj", "c_fc")):
             tensor = tensor.t()
-        params[name].data.copy_(tensor)
+        copy_checkpoint_tensor(params[name].data, tensor, name)
         return name
 
     def expected_weights(self, params: dict[str, nn.Parameter]) -> set[str]:

@@ -64,6 +64,17 @@ def add_project_(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, pdl: 
         out.addmm_(x, weight.t())
 
 
+def copy_checkpoint_tensor(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    """`dst.copy_(src)` for a checkpoint tensor `name`, refusing a shape that differs (copy_ would broadcast
+    or fail without naming the tensor)."""
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"checkpoint tensor {name!r} has shape {tuple(src.shape)} where the model built from config.json "
+            f"expects {tuple(dst.shape)}: the config does not match the weights"
+        )
+    dst.copy_(src)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, as HF does; `forward(x, residual)` fuses the residual add."""
 

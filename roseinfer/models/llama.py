@@ -16,6 +16,7 @@ from roseinfer.models.layers import (
     RMSNorm,
     RotaryEmbedding,
     add_project_,
+    copy_checkpoint_tensor,
     down_blas_library,
     fused_kernels_for,
     gemv,
@@ -369,9 +370,9 @@ class LlamaForCausalLM(nn.Module):
                 target = name.replace(frag, fused)
                 sizes = self.shard_sizes(fused)
                 start = sum(sizes[:shard])
-                params[target].data[start : start + sizes[shard]].copy_(tensor)
+                copy_checkpoint_tensor(params[target].data[start : start + sizes[shard]], tensor, name)
                 return f"{target}#{shard}"
-        params[name].data.copy_(tensor)
+        copy_checkpoint_tensor(params[name].data, tensor, name)
         return name
 
     def expected_weights(self, params: dict[str, nn.Parameter]) -> set[str]:

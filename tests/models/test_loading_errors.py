@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from roseinfer import LLM
+from tests.models.tiny_models import save_hf_model
 
 
 @pytest.mark.parametrize(
@@ -24,3 +26,22 @@ def test_an_unsupported_architecture_is_refused_by_name(
     AutoConfig.for_model(model_type, **fields).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"is not supported; supported: .*LlamaForCausalLM"):
         LLM(str(tmp_path), load_format="dummy", device="cpu", dtype="float32", cpu_kv_tokens=256)
+
+
+@pytest.mark.parametrize(
+    "arch, field, value, tensor",
+    [
+        ("llama", "intermediate_size", 96, "model.layers.0.mlp.down_proj.weight"),
+        ("llama", "num_key_value_heads", 1, "model.layers.0.self_attn.k_proj.weight"),
+        ("gpt2", "vocab_size", 400, "wte.weight"),
+    ],
+)
+def test_a_config_that_does_not_match_the_weights_names_the_tensor(
+    tmp_path: Path, arch: str, field: str, value: int, tensor: str
+) -> None:
+    save_hf_model(arch, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"checkpoint tensor '{tensor}' has shape .* expects"):
+        LLM(str(tmp_path), device="cpu", dtype="float32", cpu_kv_tokens=256)
