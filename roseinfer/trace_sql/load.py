@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ def read_trace_events(trace_path: str | os.PathLike[str]) -> list[dict[str, Any]
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         data = json.loads(raw)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TraceQueryError(f"{path} is not a readable Chrome/Perfetto JSON trace: {e}") from e
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
