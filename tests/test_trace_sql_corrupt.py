@@ -24,3 +24,17 @@ def test_a_corrupt_gzip_trace_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
         query_trace(trace, "SELECT 1", engine="sqlite")
     assert main([str(trace), "SELECT 1", "--engine", "sqlite"]) == 2
     assert "not a readable" in capsys.readouterr().err
+
+
+def test_events_with_malformed_timestamps_are_skipped_as_x_events_are(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    events = [
+        *EVENTS["traceEvents"],
+        {"ph": "X", "ts": float("inf"), "dur": 1.0, "name": "inf", "pid": 1, "tid": 1},
+        {"ph": "B", "ts": 5.0, "name": "open", "pid": 1, "tid": 2},
+        {"ph": "E", "ts": "later", "pid": 1, "tid": 2},
+        {"ph": "s", "ts": None, "id": 7, "cat": "ac2g", "name": "launch", "pid": 1, "tid": 1},
+    ]
+    trace.write_text(json.dumps({"traceEvents": events}))  # json.dumps writes inf as Infinity
+    _, rows = query_trace(trace, "SELECT name FROM slice ORDER BY ts", engine="sqlite")
+    assert rows == [("forward",), ("open",)]

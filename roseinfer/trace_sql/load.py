@@ -43,6 +43,14 @@ def _ns(us: Any) -> int:
     return int(round(float(us) * 1000.0))
 
 
+def _ns_or_none(us: Any) -> int | None:
+    """`_ns`, or None for a timestamp that is no finite number (the event is then skipped)."""
+    try:
+        return _ns(us)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 @dataclass
 class _Slice:
     ts: int
@@ -135,10 +143,9 @@ def _build_slices(
                 tracks.thread_names[(pid, tid)] = str(args.get("name", ""))
             continue
         if ph in ("X", "B", "i", "I", "n"):
-            try:
-                ts = _ns(e["ts"])
-                dur = _ns(e.get("dur", 0)) if ph == "X" else (-1 if ph == "B" else 0)
-            except (KeyError, TypeError, ValueError):
+            ts = _ns_or_none(e.get("ts"))
+            dur = _ns_or_none(e.get("dur", 0)) if ph == "X" else (-1 if ph == "B" else 0)
+            if ts is None or dur is None:
                 continue
             s = _Slice(
                 ts=ts,
@@ -154,12 +161,13 @@ def _build_slices(
                 open_b.setdefault(s.track, []).append(s)
         elif ph == "E":
             stack = open_b.get(tracks.track(pid, tid))
-            if stack and "ts" in e:
+            end = _ns_or_none(e.get("ts"))
+            if stack and end is not None:
                 b = stack.pop()
-                b.dur = max(_ns(e["ts"]) - b.ts, 0)
+                b.dur = max(end - b.ts, 0)
                 if isinstance(e.get("args"), dict) and e["args"]:
                     b.args = {**(b.args or {}), **e["args"]}
-        elif ph in ("s", "t", "f") and "id" in e and "ts" in e:
+        elif ph in ("s", "t", "f") and "id" in e and _ns_or_none(e.get("ts")) is not None:
             key = (e.get("cat"), e.get("id"))
             point = (str(ph), tracks.track(pid, tid), _ns(e["ts"]), ph != "f" or e.get("bp") == "e")
             flow_points.setdefault(key, []).append(point)
