@@ -56,3 +56,22 @@ def test_generate_with_pin_prefix_flag_and_lpm(capsys):
         main(["generate", "--pin-prefix", "You are a helpful assistant."])
     assert main(["generate", "--admission-policy", "lpm", "--max-tokens", "2", "--temperature", "0"]) == 0
     assert len(capsys.readouterr().out.strip().split(",")) == 2
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["generate", "--dtype", "bogus"], "--dtype"),
+        (["generate", "--device", "bogus"], "--device"),
+        (["generate", "--max-tokens", "0"], "--max-tokens"),
+        (["generate", "--block-size", "3"], "--block-size"),
+        (["bench", "throughput", "--dtype", "fp64"], "--dtype"),
+        (["bench", "prefix", "--device", "gpu0"], "--device"),
+        (["bench", "roofline", "--dtype", "auto16"], "--dtype"),
+    ],
+)
+def test_a_bad_flag_value_is_an_argparse_error_not_a_traceback(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err

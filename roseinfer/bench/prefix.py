@@ -48,6 +48,7 @@ from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
 from roseinfer.bench.prefix_offline import bench_w2, bench_w4
 from roseinfer.bench.prefix_online import W3_WARMUP_REQUESTS, bench_w3
 from roseinfer.bench.prefix_plots import plot_w3
+from roseinfer.config import DTYPE_CHOICES, device_name
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.models.loader import DEFAULT_MODEL
 
@@ -107,8 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cow-blocks", type=int, default=COW_BLOCKS, help="cow-micro: blocks copied per call"
     )
     parser.add_argument("--cow-iters", type=int, default=200, help="cow-micro: timed iterations")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default=None, type=device_name)
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
     )

@@ -29,7 +29,7 @@ from roseinfer.bench.env import (
     measure_matmul_tflops,
     median_time,
 )
-from roseinfer.config import ModelConfig
+from roseinfer.config import DTYPE_CHOICES, ModelConfig
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.models.layers import ForwardContext
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--contexts", default="1024,4096")
     parser.add_argument("--prefill-tokens", default="512,2048,8192")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES))
     parser.add_argument("--iters", type=int, default=50)
