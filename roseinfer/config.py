@@ -153,12 +153,10 @@ class ModelConfig:
     def from_path(path: str) -> ModelConfig:
         """`path` is a config.json file or a directory holding one."""
         file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        with open(file) as f:
-            config = ModelConfig.from_dict(json.load(f))
+        config = ModelConfig.from_dict(_read_json(file))
         gen_file = os.path.join(os.path.dirname(file), "generation_config.json")
         if os.path.isfile(gen_file):  # HF generate and vLLM also stop at generation_config's eos ids
-            with open(gen_file) as f:
-                extra = _as_tuple(json.load(f).get("eos_token_id"))
+            extra = _as_tuple(_read_json(gen_file).get("eos_token_id"))
             eos = config.eos_token_ids + tuple(t for t in extra if t not in config.eos_token_ids)
             config = dataclasses.replace(config, eos_token_ids=eos)
         return config
@@ -187,6 +185,17 @@ _ARCH_BY_TYPE = {
     "qwen3": "Qwen3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
 }
+
+
+def _read_json(file: str) -> dict[str, Any]:
+    with open(file) as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:  # a truncated download, an edit gone wrong
+            raise ValueError(f"{file} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} holds no JSON object (got a {type(data).__name__})")
+    return data
 
 
 def _as_tuple(x: Any) -> tuple[int, ...]:

@@ -45,3 +45,12 @@ def test_a_config_that_does_not_match_the_weights_names_the_tensor(
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=rf"checkpoint tensor '{tensor}' has shape .* expects"):
         LLM(str(tmp_path), device="cpu", dtype="float32", cpu_kv_tokens=256)
+
+
+@pytest.mark.parametrize("broken", ["config.json", "generation_config.json"])
+def test_a_corrupt_config_file_is_named(tmp_path: Path, broken: str) -> None:
+    save_hf_model("llama", tmp_path)
+    path = tmp_path / broken
+    path.write_text(path.read_text()[:40])  # a truncated download
+    with pytest.raises(ValueError, match=rf"{broken} is not valid JSON"):
+        LLM(str(tmp_path), load_format="dummy", device="cpu", dtype="float32", cpu_kv_tokens=256)
