@@ -101,6 +101,9 @@ class ModelConfig:
             raise ValueError(
                 f"architecture {arch or None!r} (model_type {model_type!r}) is not supported; supported: {supported}"
             )
+        for flag, where in (("attention_bias", "o_proj"), ("mlp_bias", "the MLP")):
+            if cfg.get(flag) and model_type in ("llama", "qwen3"):  # HF then biases q/k/v and o_proj, or the MLP
+                raise ValueError(f"{flag}=true is not supported (roseinfer has no bias on {where})")
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
         rope_scaling = cfg.get("rope_scaling")
@@ -140,7 +143,7 @@ class ModelConfig:
             rope_theta=float(rope_theta or 10000.0),
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or model_type == "qwen2",
+            qkv_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
             hidden_act=cfg.get("hidden_act", "silu"),
             eos_token_ids=_as_tuple(cfg.get("eos_token_id")),

@@ -54,3 +54,20 @@ def test_a_corrupt_config_file_is_named(tmp_path: Path, broken: str) -> None:
     path.write_text(path.read_text()[:40])  # a truncated download
     with pytest.raises(ValueError, match=rf"{broken} is not valid JSON"):
         LLM(str(tmp_path), load_format="dummy", device="cpu", dtype="float32", cpu_kv_tokens=256)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("flag", ["attention_bias", "mlp_bias"])
+def test_biases_roseinfer_has_no_place_for_are_refused_by_name(model_type: str, flag: str) -> None:
+    """HF's attention_bias puts a bias on o_proj too, and mlp_bias on every MLP projection: dummy weights used
+    to build a model without them, silently unlike HF."""
+    from roseinfer.config import ModelConfig
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM" if model_type == "llama" else "Qwen3ForCausalLM"],
+        "model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "intermediate_size": 128, "vocab_size": 100, flag: True,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=flag):
+        ModelConfig.from_dict(cfg)
+    ModelConfig.from_dict({**cfg, flag: False})
