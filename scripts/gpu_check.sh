@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU pass: gpu-marked tests, kernel benchmarks, roofline, throughput vs HF, prefix-cache benchmarks.
 # Usage (CUDA machine, repository root): bash scripts/gpu_check.sh [SECTION ...]
-#   sections: tests (gpu-marked, dealt over the GPUs), kernels roofline roofline-llama throughput throughput-llama prefix (default: all),
+#   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
+#             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
@@ -49,10 +50,11 @@ sharded_pytest() {
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'
 for s in "${sections[@]}"; do
   case $s in
-    tests)  # kernel files KERNEL_PROCS (default 6) pytest processes a GPU, then the engine files E2E_PROCS (default 3):
-            # their engines take fixed KV pools, except two that size theirs at 0.3-0.5 of the GPU, which fits beside
-      run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS:-6}" -m gpu tests/kernels ${KERNEL_K:+-k "$KERNEL_K"}
-      run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e "${E2E_PROCS:-3}" -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
+    tests|tests-kernels|tests-e2e)
+      # the kernel files in KERNEL_PROCS (default 6) pytest processes a GPU, the engine files in E2E_PROCS (default 3):
+      # their engines take fixed KV pools, except two that size theirs at 0.3-0.5 of the GPU, which fits beside
+      [ "$s" != tests-e2e ] && run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS:-6}" -m gpu tests/kernels ${KERNEL_K:+-k "$KERNEL_K"}
+      [ "$s" != tests-kernels ] && run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e "${E2E_PROCS:-3}" -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
       run fused '^(model|qwen|llama)' $RI bench fused ;;
