@@ -28,6 +28,10 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = self._load_tokenizer(config, model_path)
+        # As vLLM: the tokenizer's eos stops too, beside config.json's and generation_config.json's.
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        eos = self.model_config.eos_token_ids
+        self.eos_token_ids = eos + (tok_eos,) if isinstance(tok_eos, int) and tok_eos not in eos else eos
         self.core = EngineCore(config, model_path, model)
         self.groups: dict[str, _Group] = {}
         self.num_generated_tokens = 0
@@ -113,7 +117,7 @@ class LLMEngine:
         if rid in self.groups:
             raise ValueError(f"request_id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
-        req = Request(rid, ids, params, self.model_config.eos_token_ids, text, arrival_time, cache_salt)
+        req = Request(rid, ids, params, self.eos_token_ids, text, arrival_time, cache_salt)
         kv = self.core.kv
         if kv.blocks_for(len(ids) + params.max_tokens) > (open_blocks := kv.blocks_open_to(req)):
             raise ValueError(

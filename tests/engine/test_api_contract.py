@@ -85,6 +85,23 @@ def test_generation_config_eos_ids_stop_generation(model_with_tokenizer: str, tm
     assert out.stop_reason is None  # an eos id, as vLLM reports it
 
 
+def test_the_tokenizers_eos_stops_generation(model_with_tokenizer: str, tmp_path) -> None:
+    """As vLLM: the tokenizer's eos stops a request even where config.json names another."""
+    model = tmp_path / "m"
+    shutil.copytree(model_with_tokenizer, model)
+    llm = LLM(str(model), device="cpu", block_size=4, cpu_kv_tokens=512)
+    ids = llm.generate([[5, 6, 7]], greedy(10), use_tqdm=False)[0].outputs[0].token_ids
+    eos = ids[2]
+    assert eos not in ids[:2] and 0 not in ids[:3]  # config.json's eos is 0
+    tok_config = json.loads((model / "tokenizer_config.json").read_text())
+    tok_config["eos_token"] = llm.tokenizer.convert_ids_to_tokens(eos)
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    out = LLM(str(model), device="cpu", block_size=4, cpu_kv_tokens=512).generate(
+        [[5, 6, 7]], greedy(10), use_tqdm=False
+    )
+    assert out[0].outputs[0].finish_reason == "stop" and out[0].outputs[0].token_ids == ids[:3]
+
+
 def test_a_stop_token_keeps_its_id_but_not_its_text(llm: LLM) -> None:
     tok = llm.tokenizer
     ids = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
