@@ -151,6 +151,11 @@ class KVCacheManager:
     def _must_copy(self, block: int) -> bool:
         return self.pool.ref_counts[block] > 1 or self.pool.block_hash[block] is not None
 
+    def _owns_past_cached(self, block: int, offset: int) -> bool:
+        """The writer holds `block` alone and writes from slot `offset` on, past its cached slots (its own
+        partial prompt block): an in-place write leaves the cached content, hence its key, valid."""
+        return self.pool.ref_counts[block] == 1 and offset >= self.pool.cached_len[block]
+
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Make `num_new_tokens` slots after `num_computed_tokens` writable; False (nothing changed) if full."""
         bs = self.block_size
@@ -164,6 +169,11 @@ class KVCacheManager:
         first, last = start // bs, min(len(table), cdiv(end, bs))
         cow = [i for i in range(first, last) if self._must_copy(table[i])]
         need = max(0, self.blocks_for(end) - len(table))
+        if need + len(cow) > self.pool.num_free and cow and cow[0] == first:
+            # No block for the copy: a block it owns past its cached slots is written in place instead (else
+            # a request filling the pool preempts itself, and under a small budget re-registers it forever).
+            if self._owns_past_cached(table[first], offset):
+                cow = cow[1:]
         if need + len(cow) > self.pool.num_free:
             return False
         for i in cow:
@@ -278,5 +288,9 @@ class KVCacheManager:
             raise AssertionError("conservation: held + free != pool size")
         for req, pos in writers:
             b = req.block_ids[pos // self.block_size]
-            if self._must_copy(b) and b not in self.fresh:
+            if (
+                self._must_copy(b)
+                and b not in self.fresh
+                and not self._owns_past_cached(b, pos % self.block_size)
+            ):
                 raise AssertionError(f"{req} writes block {b} that others can read")

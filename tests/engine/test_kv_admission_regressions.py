@@ -68,3 +68,24 @@ def test_a_request_that_pinned_blocks_leave_no_room_for_is_refused_alone(llama_d
     # A request that reads the pinned prefix shares its blocks, and fits.
     out = llm.generate([list(range(100, 112)) + [7]], greedy(3), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_request_that_fills_the_pool_finishes_under_a_one_token_budget(
+    llama_dir: str, async_scheduling: bool
+) -> None:
+    """It preempted itself on each write into its own registered partial prompt block, and looped."""
+    prompt = [20, 21, 22, 23, 24]
+    want = make(llama_dir, enable_prefix_caching=False).generate([prompt], greedy(3), use_tqdm=False)
+    llm = make(llama_dir, num_kv_blocks=2, max_num_batched_tokens=1, async_scheduling=async_scheduling)
+    eng = llm.engine
+    eng.add_request(prompt, greedy(3), request_id="a")
+    done = []
+    for _ in range(50):
+        if not eng.has_unfinished_requests():
+            break
+        done += eng.step(final_only=True)
+    assert not eng.has_unfinished_requests(), "no finish after 50 steps"
+    assert done[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    assert eng.core.scheduler.num_preemptions == 0
+    assert eng.core.kv.num_free_blocks == 2

@@ -45,3 +45,17 @@ def test_a_prompt_whose_own_cached_blocks_fill_the_pool_runs_again() -> None:
     run(sched, {0: a, 10: b})
     assert len(b.output_token_ids) == 3
     assert kv.num_free_blocks == 2
+
+
+def test_a_request_filling_the_pool_writes_its_own_partial_prompt_block_under_a_small_budget() -> None:
+    """2 blocks of 4, budget 1: the 5-token prompt's partial block is registered once its last token is
+    computed; the request holds it alone but copied it before each write, with no block free for the copy.
+    It preempted itself, recomputed the prompt's end one token a step (registering the block again), and
+    never got past it."""
+    kv = KVCacheManager(2, 4)
+    sched = Scheduler(SchedulerConfig(8, 1, "continuous"), kv, 10_000)
+    a = Request("a", [20, 21, 22, 23, 24], SamplingParams(max_tokens=3))
+    run(sched, {0: a})
+    assert len(a.output_token_ids) == 3
+    assert sched.num_preemptions == 0
+    assert kv.num_free_blocks == 2
