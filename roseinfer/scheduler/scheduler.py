@@ -210,22 +210,20 @@ class Scheduler:
                 prefix = self.kv.prefix_without_copy(req, prefix)
                 if not self.kv.admission_fits(req, budget, prefix):
                     break
-            hit = self.kv.admit(req, prefix)
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = req.num_tokens - min(prefix[1], req.num_tokens - 1)  # what `admit` leaves to compute
             # Without chunked prefill a prompt fits one step's budget (validated), but a preempted request's
-            # recompute (prompt + output) may not: it is chunked, or it could never run again.
-            fits = (
+            # recompute (prompt + output) may not: it is chunked, or it could never run again. Asked before
+            # `admit`, as `admission_fits` is: a rollback would refresh its cached blocks in the LRU order.
+            if not (
                 num_new <= budget
                 or self.config.enable_chunked_prefill
                 or form_batch
                 or num_new > self.config.max_num_batched_tokens
-            )
-            num_new = min(num_new, budget)
-            if (
-                not fits
-                or not self.kv.allocate_slots(req, num_new)
-                or (form_batch and not self._fits_whole(req))
             ):
+                break
+            hit = self.kv.admit(req, prefix)
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(req, num_new) or (form_batch and not self._fits_whole(req)):
                 self.kv.free(req)
                 req.num_computed_tokens = 0
                 break

@@ -303,3 +303,32 @@ def test_failed_admission_leaves_the_lru_order_alone():
     assert set(cached_a) <= set(after)
     sched.update_from_output(out, [[1]])
     sched.check_invariants()
+
+
+def test_a_prompt_over_the_left_budget_leaves_the_lru_order_alone():
+    """Chunked prefill off: a request whose prompt does not fit what is left of the step's budget waits. It
+    was admitted first and rolled back, which moved its cached prefix blocks to the most recently used end
+    of the free queue, behind blocks freed after them."""
+    kv = KVCacheManager(16, 4)
+    sched = Scheduler(SchedulerConfig(8, 8, "continuous", enable_chunked_prefill=False), kv, 10_000)
+
+    def run(req):
+        sched.add_request(req)
+        out = sched.schedule()
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        assert req.is_finished
+
+    a = Request("a", list(range(10, 18)), SamplingParams(max_tokens=1))  # 2 full blocks, cached after
+    run(a)
+    run(Request("d", list(range(30, 34)), SamplingParams(max_tokens=1)))  # freed after a's
+    x = Request("x", list(range(50, 56)), SamplingParams(max_tokens=4))  # takes 6 of the budget of 8
+    c = Request("c", a.prompt_token_ids + [90, 91, 92], SamplingParams(max_tokens=1))  # 3 to compute
+    sched.add_request(x)
+    sched.add_request(c)
+    before = list(kv.pool.free_queue)
+    out = sched.schedule()
+    assert [s.request for s in out.scheduled] == [x] and c in sched.waiting
+    after = list(kv.pool.free_queue)
+    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
+    sched.update_from_output(out, [[1]])
+    sched.check_invariants()
