@@ -205,10 +205,10 @@ class Scheduler:
             if self.running and taken + self._seats(req) > max_seqs:
                 break
             prefix = self.kv.usable_prefix(req)
-            if not self.kv.admission_fits(req, budget, prefix):
+            if not self._fits(req, budget, prefix, form_batch):
                 # The hit block it writes first needs a copy: recomputing it instead takes one block less.
                 prefix = self.kv.prefix_without_copy(req, prefix)
-                if not self.kv.admission_fits(req, budget, prefix):
+                if not self._fits(req, budget, prefix, form_batch):
                     break
             num_new = req.num_tokens - min(prefix[1], req.num_tokens - 1)  # what `admit` leaves to compute
             # Without chunked prefill a prompt fits one step's budget (validated), but a preempted request's
@@ -223,10 +223,12 @@ class Scheduler:
                 break
             hit = self.kv.admit(req, prefix)
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(req, num_new) or (form_batch and not self._fits_whole(req)):
+            if not self.kv.allocate_slots(req, num_new):
                 self.kv.free(req)
                 req.num_computed_tokens = 0
                 break
+            if form_batch:  # blocks it still needs for its whole prompt
+                self._promised += self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
             self.kv.count_query(req.num_tokens, hit)
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
@@ -243,14 +245,24 @@ class Scheduler:
     def _seats(req: Request) -> int:
         return req.params.n if req.parent is None and req.num_output_tokens == 0 else 1
 
-    def _fits_whole(self, req: Request) -> bool:
-        """Static batches admit a request only while its whole prompt, and every earlier member's, still
-        fit the free blocks."""
-        missing = self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
-        if missing + self._promised > self.kv.num_free_blocks:
+    def _fits(self, req: Request, budget: int, prefix: tuple[list[int], int], form_batch: bool) -> bool:
+        """Would admitting `req` with `prefix` find its blocks? Asked before `admit`: a rollback would move
+        the request's cached blocks to the most recently used end of the free queue.
+
+        Static batches admit a request only while its whole prompt, and every earlier member's, still fit
+        the free blocks."""
+        if not self.kv.admission_fits(req, budget, prefix):
             return False
-        self._promised += missing
-        return True
+        if not form_batch:
+            return True
+        blocks, hit = prefix
+        kv = self.kv
+        revived = sum(1 for b in blocks if kv.pool.ref_counts[b] == 0)  # leave the free queue on a hit
+        copy = int(
+            min(hit, req.num_tokens - 1) // kv.block_size < len(blocks)
+        )  # the hit block it writes first
+        missing = kv.blocks_for(req.num_tokens) - len(blocks) + copy
+        return missing + self._promised <= kv.num_free_blocks - revived
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:

@@ -332,3 +332,37 @@ def test_a_prompt_over_the_left_budget_leaves_the_lru_order_alone():
     assert after == [blk for blk in before if blk in after], "the free queue was reordered"
     sched.update_from_output(out, [[1]])
     sched.check_invariants()
+
+
+def test_a_static_batch_member_that_does_not_fit_whole_leaves_the_lru_order_alone():
+    """A static batch admits a member only while every member's whole prompt fits. With a budget below the
+    prompts, the check came after the admission: its rollback moved the member's cached prefix blocks to
+    the most recently used end of the free queue."""
+    kv = KVCacheManager(8, 4)
+    sched = Scheduler(SchedulerConfig(8, 20, "static"), kv, 10_000)
+
+    def run(req=None):
+        if req is not None:
+            sched.add_request(req)
+        for _ in range(20):
+            if not sched.has_unfinished():
+                return
+            out = sched.schedule()
+            sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        raise AssertionError("did not finish")
+
+    a = Request("a", list(range(10, 18)), SamplingParams(max_tokens=1))  # 2 full blocks, cached after
+    run(a)
+    run(Request("d", list(range(30, 34)), SamplingParams(max_tokens=1)))  # freed after a's
+    x = Request("x", list(range(50, 66)), SamplingParams(max_tokens=4))  # 4 blocks
+    c = Request("c", a.prompt_token_ids + list(range(70, 82)), SamplingParams(max_tokens=1))  # 5, 2 cached
+    sched.add_request(x)
+    sched.add_request(c)
+    before = list(kv.pool.free_queue)
+    out = sched.schedule()
+    assert [s.request for s in out.scheduled] == [x] and c in sched.waiting
+    after = list(kv.pool.free_queue)
+    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
+    sched.update_from_output(out, [[1]])
+    run()
+    assert c.num_cached_tokens == 8
