@@ -368,6 +368,47 @@ def test_decode_new_token_deferred_norm_checks_shapes() -> None:
             paged_decode_attention(q, kv, kv, tables, lens, 1.0, new_kv=NewTokenKV(k, k, slots, None, norm))
 
 
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "norope"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_new_token_stored_in_slot_zero(rope: bool, num_splits: int) -> None:
+    """Block 0 is an ordinary block (the pool hands it out first): a sequence whose new token's slot is 0 must
+    have it stored there (`make_paged_cache` keeps block 0 for unused table entries, so `_run_append` never
+    writes slot 0)."""
+    gen = generator("decode-slot0", rope, num_splits)
+    block_size, num_heads, num_kv_heads, head_dim = 16, 4, 2, 32
+    cache = make_paged_cache([1, 20], block_size, num_kv_heads, head_dim, torch.float32, gen)
+    # Move sequence 0's one block to block 0; its new token (key 0) is NaN until the kernel writes it.
+    old = int(cache.block_tables[0, 0])
+    cache.kv[0] = cache.kv[old]
+    cache.kv[old] = float("nan")
+    cache.block_tables[0, 0] = 0
+    cache.k_cache[0, 0] = float("nan")
+    cache.v_cache[0, 0] = float("nan")
+    last = int(cache.block_tables[1, 1]) * block_size + 3  # sequence 1's key 19
+    cache.k_cache[last // block_size, last % block_size] = float("nan")
+    cache.v_cache[last // block_size, last % block_size] = float("nan")
+    q = randn((2, num_heads, head_dim), torch.float32, gen)
+    k_new = randn((2, num_kv_heads, head_dim), torch.float32, gen)
+    v_new = randn((2, num_kv_heads, head_dim), torch.float32, gen)
+    positions = torch.tensor([0, 19], dtype=torch.int32, device=DEVICE)
+    rot = RotaryEmbedding(head_dim, 32, 10000.0, None)
+    rot.build(DEVICE)
+    assert rot.cos_sin is not None
+    q_ref, k_ref = apply_rotary_ref(q, k_new, positions, rot.cos_sin) if rope else (q, k_new)
+    slots = torch.tensor([0, last], dtype=torch.int32, device=DEVICE)
+    new_kv = NewTokenKV(k_new, v_new, slots, (positions, rot.cos_sin) if rope else None)
+    out = paged_decode_attention(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, num_splits=num_splits,
+        new_kv=new_kv,
+    )  # fmt: skip
+    assert_close(cache.k_cache[[0, last // block_size], [0, 3]], k_ref, torch.float32)
+    assert torch.equal(cache.v_cache[[0, last // block_size], [0, 3]], v_new)
+    ref = paged_decode_attention_ref(
+        q_ref, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125
+    )
+    assert_close(out, ref, torch.float32)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_new_token_longest_first(num_splits: int) -> None:
     _run_append(
