@@ -112,6 +112,14 @@ def test_prefill_non_pow2_head_dim() -> None:
     _run([17, 4], [3, 20], 16, 2, 1, 80, torch.float16, "hd80")
 
 
+def test_prefill_non_pow2_head_dim_reads_no_lane_past_the_head() -> None:
+    """A tile whose last key is the sequence's last (16 keys, one 16-key tile seen whole) in a 64-slot block:
+    the slot after it is NaN, so an unmasked load of the padded lanes 80..127 (the next slot's first lanes)
+    turns the scores NaN, though q's padded lanes are 0."""
+    _run([1, 3], [15, 45], 64, 4, 2, 80, torch.float32, "hd80-edge")
+    _run([1, 3], [15, 45], 64, 2, 1, 80, torch.float16, "hd80-edge")
+
+
 def test_prefill_tile_shapes_and_padding_rows() -> None:
     # BLOCK_M != BLOCK_N so the unmasked and diagonal loops split at different places.
     _run([40, 7], [9, 33], 16, 2, 1, 32, torch.float32, "tiles", block_m=32, block_n=16, pad_rows=3)
