@@ -81,6 +81,25 @@ def test_store_kv_many_heads_split_over_grid() -> None:
     _check(3, 64, 128, 4, 2, torch.float16, gen, num_pad=1)
 
 
+def test_store_kv_k_and_v_of_different_layouts() -> None:
+    """k, v and their caches need not share strides: each is read and written through its own."""
+    gen = generator("store-layouts")
+    tokens, heads, dim, block_size = 7, 3, 32, 4
+    k = randn((tokens, heads, dim), torch.float32, gen)
+    v = randn((tokens, heads + 2, dim + 16), torch.float32, gen)[:, 1 : heads + 1, 8 : dim + 8]
+    k_cache = torch.full((5, block_size, heads, dim), float("nan"), device=DEVICE)
+    v_cache = torch.full((5, 2, block_size, heads + 1, dim + 8), float("nan"), device=DEVICE)[
+        :, 1, :, :heads, :dim
+    ]
+    slots = torch.tensor([0, 5, -1, 19, 3, 8, 12], device=DEVICE)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    store_kv_ref(k, v, k_ref, v_ref, slots)
+    store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(torch.nan_to_num(k_cache), torch.nan_to_num(k_ref))
+    assert torch.equal(torch.nan_to_num(v_cache), torch.nan_to_num(v_ref))
+    assert torch.equal(k_cache.isnan(), k_ref.isnan()) and torch.equal(v_cache.isnan(), v_ref.isnan())
+
+
 def test_store_kv_empty() -> None:
     kv = torch.zeros((2, 1, 2, 4, 1, 16), device=DEVICE)
     empty = torch.empty((0, 1, 16), device=DEVICE)
