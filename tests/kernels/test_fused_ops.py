@@ -38,7 +38,9 @@ def test_rmsnorm(dtype, rows, cols, with_residual):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize(
-    ("tokens", "hq", "hk", "d"), [(1, 4, 2, 16), (9, 14, 2, 64), (5, 8, 8, 128), (3, 3, 1, 32)]
+    ("tokens", "hq", "hk", "d"),
+    # 40 q and 20 k heads: more than one 16-head chunk of a token's heads (hq > 16 at llama-3.1-8b's 32).
+    [(1, 4, 2, 16), (9, 14, 2, 64), (5, 8, 8, 128), (3, 3, 1, 32), (2, 40, 20, 16)],
 )
 def test_rotary_in_place_on_strided_views(dtype, tokens, hq, hk, d):
     g = generator("rope", dtype, tokens, hq, hk, d)
@@ -60,10 +62,12 @@ def test_rotary_in_place_on_strided_views(dtype, tokens, hq, hk, d):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize(
     ("tokens", "hq", "hk", "d", "block_size"),
-    [(1, 4, 2, 16, 16), (9, 14, 2, 64, 16), (5, 8, 8, 128, 1), (17, 3, 1, 32, 4)],
+    # (3, 32, 20, 16, 4): more than one 16-head chunk of q, k and v heads (MHA models have 32 kv heads).
+    [(1, 4, 2, 16, 16), (9, 14, 2, 64, 16), (5, 8, 8, 128, 1), (17, 3, 1, 32, 4), (3, 32, 20, 16, 4)],
 )
 def test_rotary_and_store_kv(dtype, tokens, hq, hk, d, block_size):
-    """q rotated in place; k rotated into its cache slot (k itself untouched); v copied; -1 slots skipped."""
+    """q rotated in place; k rotated into its cache slot (k itself untouched); v copied; -1 slots skipped;
+    slot 0 (block 0 is an ordinary block) written."""
     g = generator("rope-store", dtype, tokens, hq, hk, d, block_size)
     qkv = randn((tokens, (hq + 2 * hk) * d), dtype, g)
     q = qkv[:, : hq * d].view(tokens, hq, d)
@@ -74,8 +78,9 @@ def test_rotary_and_store_kv(dtype, tokens, hq, hk, d, block_size):
     kv = randn((num_blocks, num_layers, 2, block_size, hk, d), dtype, g)
     k_cache, v_cache = kv[:, 1, 0], kv[:, 1, 1]  # a layer's strided views, as the engine passes them
     kv_ref = kv.clone()
-    slots = torch.randperm(num_blocks * block_size, generator=g)[:tokens]
+    slots = torch.randperm(num_blocks * block_size - 1, generator=g)[:tokens] + 1  # distinct, 0 set below
     slots[torch.rand(tokens, generator=g) < 0.25] = -1  # padding rows
+    slots[tokens // 2] = 0
     slots = slots.to(torch.int32).to(DEVICE)
     angles = torch.rand((64, d // 2), generator=g) * 6.28
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
