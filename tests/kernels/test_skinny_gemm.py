@@ -60,6 +60,24 @@ def test_skinny_gemm_chosen_tile_and_max_rows(add):
     _check(3, 300, 64, torch.float32, None, add)
 
 
+@pytest.mark.parametrize("tile", [GemmTile(16, 32, 1), GemmTile(16, 16, 3)], ids=str)
+@pytest.mark.parametrize("add", [False, True], ids=["store", "add"])
+def test_skinny_gemm_into_a_strided_out(tile, add):
+    """`out` a column slice of a wider buffer (row stride > N): each share count writes rows at out's stride,
+    and nothing beside the slice."""
+    g = generator("skinny-strided-out", tile, add)
+    m, n, k = 5, 24, 80
+    x = randn((m, k), torch.float32, g)
+    w = (randn((n, k), torch.float32, g) / k**0.5).contiguous()
+    buf = randn((m, n + 9), torch.float32, g)
+    before = buf.clone()
+    out = buf[:, 4 : 4 + n]
+    expect = skinny_gemm_ref(x, w, out.clone(), add)
+    skinny_gemm(x, w, out, add=add, tile=tile)
+    torch.testing.assert_close(out, expect, atol=1e-4, rtol=1e-4)
+    assert torch.equal(buf[:, :4], before[:, :4]) and torch.equal(buf[:, 4 + n :], before[:, 4 + n :])
+
+
 def test_skinny_tile_follows_the_sweep():
     """qwen2.5-0.5b's and llama-3.1-8b's four decode GEMMs on 132 SMs get the tiles the H100 sweeps found
     best: at 16-32 rows the isolated sweeps', at 64 rows (the default) qwen's deeper pipelines measured in the
