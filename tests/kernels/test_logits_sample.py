@@ -85,6 +85,21 @@ def test_ties_go_to_the_lowest_token_across_tiles():
     assert tokens.tolist() == [0] * rows
 
 
+@pytest.mark.parametrize("vocab", [7, 130])
+def test_columns_past_the_vocabulary_never_win(vocab):
+    """Every logit negative: a column past the vocabulary (its product reads as 0) must not outscore them."""
+    rows, k = 3, 16
+    h = torch.ones((rows, k), device=DEVICE)
+    w = -(1 + torch.rand((vocab, k), generator=generator("negative-logits", vocab))).to(DEVICE)
+    tokens = torch.empty(rows, dtype=torch.int32, device=DEVICE)
+    logits = logits_and_sample(h, w, None, None, tokens)
+    assert torch.equal(tokens.long(), logits.argmax(dim=-1))
+    temperature = torch.tensor([0.0, 0.5, 1.0], device=DEVICE)
+    seeds = torch.arange(rows, dtype=torch.int64, device=DEVICE)
+    logits_and_sample(h, w, temperature, seeds, tokens)
+    assert torch.equal(tokens.long(), sample_tokens(logits, temperature, seeds))
+
+
 def test_tiles_by_rows():
     assert default_tile(1) == default_tile(32) == GemmTile(64, 128, 1, 4, 5)
     assert default_tile(33) == default_tile(MAX_ROWS) == default_tile(200) == GemmTile(64, 64, 1, 4, 3)
