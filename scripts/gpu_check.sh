@@ -51,9 +51,11 @@ REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^S
 for s in "${sections[@]}"; do
   case $s in
     tests|tests-kernels|tests-e2e)
-      # the kernel files in KERNEL_PROCS (default 6) pytest processes a GPU, the engine files in E2E_PROCS (default 3):
-      # their engines take fixed KV pools, except two that size theirs at 0.3-0.5 of the GPU, which fits beside
-      [ "$s" != tests-e2e ] && run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS:-6}" -m gpu tests/kernels ${KERNEL_K:+-k "$KERNEL_K"}
+      # The kernel files (every test: unmarked ones run on the GPU here too) in KERNEL_PROCS (default 6) pytest
+      # processes a GPU; KERNEL_TESTS picks files. The engine files in E2E_PROCS (default 3): their engines take
+      # fixed KV pools, except two that size theirs at 0.3-0.5 of the GPU, which fits beside.
+      # shellcheck disable=SC2086  # KERNEL_TESTS is a list of paths
+      [ "$s" != tests-e2e ] && run tests-kernels 'passed|failed|error|tests over' sharded_pytest kernels "${KERNEL_PROCS:-6}" ${KERNEL_TESTS:-tests/kernels} ${KERNEL_K:+-k "$KERNEL_K"}
       [ "$s" != tests-kernels ] && run tests-e2e 'passed|failed|error|tests over' sharded_pytest e2e "${E2E_PROCS:-3}" -m gpu tests/gpu ${E2E_K:+-k "$E2E_K"} ;;
     kernels)
       run kernels 'decode|prefill|copy' $RI bench kernels
