@@ -24,7 +24,8 @@ _DTYPES = {
 }
 
 
-# What `dtype=` / the --dtype flags take: "auto" (config.json's torch_dtype; float32 on the CPU) or a name.
+# What `dtype=` / the --dtype flags take: "auto" (config.json's torch_dtype, bfloat16 for a float32 one on the
+# GPU; float32 on the CPU) or a name.
 DTYPE_CHOICES = ("auto", *sorted(_DTYPES))
 
 
@@ -101,8 +102,9 @@ class ModelConfig:
             raise ValueError(
                 f"architecture {arch or None!r} (model_type {model_type!r}) is not supported; supported: {supported}"
             )
+        # HF's llama and qwen3 then bias q/k/v and o_proj, or every MLP projection.
         for flag, where in (("attention_bias", "o_proj"), ("mlp_bias", "the MLP")):
-            if cfg.get(flag) and model_type in ("llama", "qwen3"):  # HF then biases q/k/v and o_proj, or the MLP
+            if cfg.get(flag) and model_type in ("llama", "qwen3"):
                 raise ValueError(f"{flag}=true is not supported (roseinfer has no bias on {where})")
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]

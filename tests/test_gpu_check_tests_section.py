@@ -28,7 +28,12 @@ def test_tests_section_deals_every_test_to_one_shard(tmp_path: Path) -> None:
     )
     env.pop("OUT", None)
     run = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "tests"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "scripts/gpu_check.sh", "tests"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     for tag, shards in (("kernels", 3), ("e2e", 2)):

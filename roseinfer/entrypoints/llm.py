@@ -60,8 +60,10 @@ def make_engine_config(
     dev = torch.device(device) if device is not None else default_device()
     if dtype == "auto":
         dtype = model_config.hf_config.get("torch_dtype") or model_config.hf_config.get("dtype") or "float32"
-        if dev.type == "cpu" and dtype != "float32":
+        if dev.type == "cpu":
             dtype = "float32"  # half precision matmuls on CPU are slow and gain nothing here
+        elif dtype == "float32":
+            dtype = "bfloat16"  # as vLLM: a float32 (or untyped) checkpoint serves in bf16 on the GPU
     if max_model_len is not None and max_model_len < 0:
         raise ValueError(f"max_model_len must be >= 0 (0: the model's), got {max_model_len}")
     limit = model_config.max_position_embeddings

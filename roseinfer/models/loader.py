@@ -65,6 +65,11 @@ def safetensors_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     else:
         files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
     if not files:
+        if glob.glob(os.path.join(model_dir, "*.bin")):
+            raise ValueError(
+                f"{model_dir!r} holds PyTorch *.bin weights; roseinfer loads safetensors only (re-save the "
+                "model with transformers' save_pretrained(..., safe_serialization=True))"
+            )
         raise ValueError(
             f"no *.safetensors weights in {model_dir!r} (use load_format='dummy' for random weights)"
         )

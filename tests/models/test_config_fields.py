@@ -67,3 +67,28 @@ def test_gpt2_with_an_untied_lm_head_uses_it(tmp_path):
 def test_gpt2_attention_scale_options(tmp_path, overrides):
     model = saved("gpt2", tmp_path, **overrides)
     assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "torch_dtype, device, want",
+    [
+        ("float32", "cuda", torch.bfloat16),  # as vLLM: a float32 checkpoint serves in bf16 on the GPU
+        (None, "cuda", torch.bfloat16),
+        ("float16", "cuda", torch.float16),
+        ("bfloat16", "cuda", torch.bfloat16),
+        ("bfloat16", "cpu", torch.float32),
+    ],
+)
+def test_dtype_auto_follows_the_checkpoint_and_the_device(tmp_path, torch_dtype, device, want):
+    import json
+
+    from roseinfer.entrypoints.llm import make_engine_config
+
+    saved("llama", tmp_path)
+    config_file = tmp_path / "config.json"
+    cfg = json.loads(config_file.read_text())
+    cfg.pop("dtype", None)
+    cfg["torch_dtype"] = torch_dtype
+    config_file.write_text(json.dumps(cfg))
+    config, _ = make_engine_config(str(tmp_path), device=device)
+    assert config.dtype == want

@@ -71,3 +71,17 @@ def test_biases_roseinfer_has_no_place_for_are_refused_by_name(model_type: str, 
     with pytest.raises(ValueError, match=flag):
         ModelConfig.from_dict(cfg)
     ModelConfig.from_dict({**cfg, flag: False})
+
+
+def test_a_bin_only_checkpoint_is_named_as_such(tmp_path: Path) -> None:
+    """Its error used to suggest random weights to someone who has real ones."""
+    import torch
+
+    from tests.models.tiny_models import make_hf_model
+
+    model = make_hf_model("llama")  # transformers 5 writes safetensors only: the .bin is torch.save's
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    assert list(tmp_path.glob("*.bin")) and not list(tmp_path.glob("*.safetensors"))
+    with pytest.raises(ValueError, match=r"\*\.bin weights; roseinfer loads safetensors only"):
+        LLM(str(tmp_path), device="cpu", dtype="float32", cpu_kv_tokens=256)
