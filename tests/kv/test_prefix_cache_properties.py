@@ -305,6 +305,16 @@ def test_failed_admission_leaves_the_lru_order_alone():
     sched.check_invariants()
 
 
+def step_leaving_the_lru_order(sched: Scheduler, kv: KVCacheManager, runs: Request, waits: Request) -> None:
+    """One step that schedules `runs` alone and leaves `waits` waiting without reordering the free queue."""
+    before = list(kv.pool.free_queue)
+    out = sched.schedule()
+    assert [s.request for s in out.scheduled] == [runs] and waits in sched.waiting
+    after = list(kv.pool.free_queue)
+    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
+    sched.update_from_output(out, [[1]])
+
+
 def test_a_prompt_over_the_left_budget_leaves_the_lru_order_alone():
     """Chunked prefill off: a request whose prompt does not fit what is left of the step's budget waits. It
     was admitted first and rolled back, which moved its cached prefix blocks to the most recently used end
@@ -325,12 +335,7 @@ def test_a_prompt_over_the_left_budget_leaves_the_lru_order_alone():
     c = Request("c", a.prompt_token_ids + [90, 91, 92], SamplingParams(max_tokens=1))  # 3 to compute
     sched.add_request(x)
     sched.add_request(c)
-    before = list(kv.pool.free_queue)
-    out = sched.schedule()
-    assert [s.request for s in out.scheduled] == [x] and c in sched.waiting
-    after = list(kv.pool.free_queue)
-    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
-    sched.update_from_output(out, [[1]])
+    step_leaving_the_lru_order(sched, kv, runs=x, waits=c)
     sched.check_invariants()
 
 
@@ -358,11 +363,6 @@ def test_a_static_batch_member_that_does_not_fit_whole_leaves_the_lru_order_alon
     c = Request("c", a.prompt_token_ids + list(range(70, 82)), SamplingParams(max_tokens=1))  # 5, 2 cached
     sched.add_request(x)
     sched.add_request(c)
-    before = list(kv.pool.free_queue)
-    out = sched.schedule()
-    assert [s.request for s in out.scheduled] == [x] and c in sched.waiting
-    after = list(kv.pool.free_queue)
-    assert after == [blk for blk in before if blk in after], "the free queue was reordered"
-    sched.update_from_output(out, [[1]])
+    step_leaving_the_lru_order(sched, kv, runs=x, waits=c)
     run()
     assert c.num_cached_tokens == 8
