@@ -29,15 +29,6 @@ _DTYPES = {
 DTYPE_CHOICES = ("auto", *sorted(_DTYPES))
 
 
-def device_name(text: str) -> str:
-    """argparse type of the --device flags: a name torch.device takes ("cpu", "cuda", "cuda:1")."""
-    try:
-        torch.device(text)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"not a torch device: {text!r}") from e
-    return text
-
-
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

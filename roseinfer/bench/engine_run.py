@@ -78,20 +78,6 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
     )
 
 
-def positive_int(text: str) -> int:
-    """argparse type of the warm-up sizes: the warm-up keeps one-time costs out of the timed run, so it has
-    at least one request of at least one token."""
-    try:
-        value = int(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be >= 1 (a warm-up keeps compiles out of the timing), got {value}"
-        )
-    return value
-
-
 def warmup_workload(args: argparse.Namespace, workload: Workload, vocab_size: int) -> Workload:
     """The workload's requests with other token ids (another seed: nothing left in a prefix cache for the
     timed run to hit) and short outputs. By default every request: the warm-up then meets the timed run's

@@ -40,7 +40,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from roseinfer.bench.engine_run import add_engine_arguments, positive_int
+from roseinfer.bench.engine_run import add_engine_arguments
 from roseinfer.bench.env import bench_header, format_header
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
@@ -48,7 +48,8 @@ from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
 from roseinfer.bench.prefix_offline import bench_w2, bench_w4
 from roseinfer.bench.prefix_online import W3_WARMUP_REQUESTS, bench_w3
 from roseinfer.bench.prefix_plots import plot_w3
-from roseinfer.config import DTYPE_CHOICES, device_name
+from roseinfer.config import DTYPE_CHOICES
+from roseinfer.entrypoints.arg_types import positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.models.loader import DEFAULT_MODEL
 
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cow-blocks", type=int, default=COW_BLOCKS, help="cow-micro: blocks copied per call"
     )
     parser.add_argument("--cow-iters", type=int, default=200, help="cow-micro: timed iterations")
-    parser.add_argument("--device", default=None, type=device_name)
+    parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"

@@ -23,7 +23,6 @@ from roseinfer.bench.device import free_memory
 from roseinfer.bench.engine_run import (
     add_engine_arguments,
     engine_kwargs,
-    positive_int,
     run_engine,
     warmup_workload,
 )
@@ -32,8 +31,9 @@ from roseinfer.bench.hf_peer import build_hf_model, export_to_hf, run_hf
 from roseinfer.bench.roofline_floor import format_roofline, roofline_floor
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import WORKLOADS, build_workload
-from roseinfer.config import DTYPE_CHOICES, SCHEDULER_MODES, device_name
+from roseinfer.config import DTYPE_CHOICES, SCHEDULER_MODES
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.entrypoints.arg_types import positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.kv.cache_dtype import resolve_kv_cache_dtype
 from roseinfer.models.loader import DEFAULT_MODEL
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup-output-len", type=positive_int, default=4, help="output tokens per warm-up request"
     )
-    parser.add_argument("--device", default=None, type=device_name)
+    parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring the device limits")

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from roseinfer.config import DTYPE_CHOICES, device_name
+from roseinfer.config import DTYPE_CHOICES
+from roseinfer.entrypoints.arg_types import positive_int, power_of_two, torch_device
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
@@ -61,20 +62,6 @@ def _parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers: {e}") from e
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _block_size(text: str) -> int:
-    value = int(text)
-    if value < 1 or value & (value - 1):
-        raise argparse.ArgumentTypeError(f"must be a power of two >= 1, got {value}")
-    return value
-
-
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -86,16 +73,16 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help="prompt text (needs a tokenizer)")
     prompt.add_argument("--prompt-ids", type=_parse_ids, default=None, help="comma-separated token ids")
-    parser.add_argument("--max-tokens", type=_positive_int, default=16)
+    parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=-1)
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--device", default=None, type=device_name)
+    parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
-    parser.add_argument("--block-size", type=_block_size, default=16)
+    parser.add_argument("--block-size", type=power_of_two, default=16)
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",

@@ -1,0 +1,36 @@
+"""argparse types shared by `roseinfer generate` and the benchmarks: a bad value is an argparse error naming
+the flag (exit 2), not a traceback from deep in the engine."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (token counts, request counts, warm-up sizes)."""
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def power_of_two(text: str) -> int:
+    """A power of two >= 1 (the KV block size)."""
+    value = positive_int(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
+    return value
+
+
+def torch_device(text: str) -> str:
+    """A name `torch.device` takes ("cpu", "cuda", "cuda:1")."""
+    try:
+        torch.device(text)
+    except (RuntimeError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r}") from e
+    return text
