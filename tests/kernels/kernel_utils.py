@@ -116,3 +116,14 @@ def assert_fp8_close(got: torch.Tensor, want: torch.Tensor, max_off_share: float
     step = torch.maximum(exact.abs(), g.abs()) * info.eps + info.tiny * info.eps
     assert ((g - exact).abs() <= step).all(), (g - exact).abs().max()
     assert (g != exact).float().mean().item() <= max_off_share
+
+
+def head_major_copy(cache: torch.Tensor) -> torch.Tensor:
+    """`cache` ([blocks, block_size, kv_heads, head_dim]) as a view of another layout: each block's heads
+    outermost, so its strides differ from the block-major cache's in every dim but the last."""
+    blocks, block_size, heads, dim = cache.shape
+    other = torch.full((blocks, heads, block_size, dim), float("nan"), dtype=cache.dtype, device=cache.device)
+    view = other.permute(0, 2, 1, 3)
+    view.copy_(cache)
+    assert view.stride()[:3] != cache.stride()[:3]
+    return view

@@ -26,6 +26,7 @@ from tests.kernels.kernel_utils import (  # noqa: E402
     assert_close,
     assert_fp8_close,
     generator,
+    head_major_copy,
     make_paged_cache,
     randn,
 )
@@ -555,3 +556,19 @@ def test_decode_fp8_cache_gpu(
                 lens, 16, num_heads, num_kv_heads, head_dim, dtype, splits, True, f"fp8gpu{splits}", "bias",
                 "longest", pdl, cache_dtype,
             )  # fmt: skip
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_v_cache_of_another_layout(num_splits: int) -> None:
+    """k and v are read through their own strides: nothing but the same shape ties the two caches."""
+    gen = generator("decode-v-layout", num_splits)
+    cache = make_paged_cache([5, 40, 17], 16, 2, 32, torch.float32, gen)
+    q = randn((3, 4, 32), torch.float32, gen)
+    v_cache = head_major_copy(cache.v_cache)
+    got = paged_decode_attention(
+        q, cache.k_cache, v_cache, cache.block_tables, cache.seq_lens, 32**-0.5, num_splits=num_splits
+    )
+    want = paged_decode_attention_ref(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 32**-0.5
+    )
+    assert_close(got, want, torch.float32)

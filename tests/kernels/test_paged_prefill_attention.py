@@ -21,6 +21,7 @@ from tests.kernels.kernel_utils import (  # noqa: E402
     FP8_DTYPES,
     assert_close,
     generator,
+    head_major_copy,
     make_paged_cache,
     randn,
 )
@@ -144,6 +145,17 @@ def test_prefill_first_seq_leaves_earlier_sequences_alone(first_seq: int) -> Non
         assert_close(out[begin:], ref[begin:], torch.float32)
     with pytest.raises(ValueError, match="first_seq"):
         paged_prefill_attention(q, *args, first_seq=5)
+
+
+def test_prefill_v_cache_of_another_layout() -> None:
+    """k and v are read through their own strides: nothing but the same shape ties the two caches."""
+    gen = generator("prefill-v-layout")
+    cache = make_paged_cache([20, 37], 16, 2, 32, torch.float32, gen)
+    q = randn((9, 4, 32), torch.float32, gen)
+    qsl = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
+    tail = (cache.block_tables, qsl, cache.seq_lens, 5, 32**-0.5)
+    got = paged_prefill_attention(q, cache.k_cache, head_major_copy(cache.v_cache), *tail)
+    assert_close(got, paged_prefill_attention_ref(q, cache.k_cache, cache.v_cache, *tail), torch.float32)
 
 
 def test_prefill_strided_query() -> None:
