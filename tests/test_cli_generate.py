@@ -52,8 +52,8 @@ def test_generate_with_pinned_prefix_file(tmp_path, capsys):
 
 def test_generate_with_pin_prefix_flag_and_lpm(capsys):
     # A text prefix needs a tokenizer; the built-in dummy model has none: a clear error, before serving.
-    with pytest.raises(ValueError, match="prompt is text but this engine has no tokenizer"):
-        main(["generate", "--pin-prefix", "You are a helpful assistant."])
+    assert main(["generate", "--pin-prefix", "You are a helpful assistant."]) == 2
+    assert "error: prompt is text but this engine has no tokenizer" in capsys.readouterr().err
     assert main(["generate", "--admission-policy", "lpm", "--max-tokens", "2", "--temperature", "0"]) == 0
     assert len(capsys.readouterr().out.strip().split(",")) == 2
 
@@ -75,3 +75,14 @@ def test_a_bad_flag_value_is_an_argparse_error_not_a_traceback(argv, flag, capsy
         main(argv)
     assert exit_info.value.code == 2
     assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_a_refused_input_is_one_line_on_stderr_not_a_traceback(capsys, monkeypatch):
+    monkeypatch.delenv("ROSEINFER_TRACEBACK", raising=False)
+    assert main(["generate", "--model", "qwen2.5-0.5b"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("roseinfer generate: error: ") and "--load-format dummy" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("ROSEINFER_TRACEBACK", "1")  # for whoever debugs it
+    with pytest.raises(ValueError, match="built-in shape without weights"):
+        main(["generate", "--model", "qwen2.5-0.5b"])

@@ -35,12 +35,16 @@ def resolve_model_path(model: str, need_weights: bool) -> str:
         return model
     if os.path.isfile(model):
         if need_weights:
-            raise ValueError(f"{model!r} is a config file: it holds no weights; use load_format='dummy'")
+            raise ValueError(
+                f"{model!r} is a config file: it holds no weights; use load_format='dummy' (--load-format dummy)"
+            )
         return model
     builtin = os.path.join(BUILTIN_CONFIG_DIR, f"{model}.json")
     if os.path.isfile(builtin):
         if need_weights:
-            raise ValueError(f"{model!r} is a built-in shape without weights; use load_format='dummy'")
+            raise ValueError(
+                f"{model!r} is a built-in shape without weights; use load_format='dummy' (--load-format dummy)"
+            )
         return builtin
     try:
         from huggingface_hub import snapshot_download
@@ -71,7 +75,7 @@ def safetensors_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
                 "model with transformers' save_pretrained(..., safe_serialization=True))"
             )
         raise ValueError(
-            f"no *.safetensors weights in {model_dir!r} (use load_format='dummy' for random weights)"
+            f"no *.safetensors weights in {model_dir!r} (use load_format='dummy', --load-format dummy, for random weights)"
         )
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
