@@ -66,6 +66,15 @@ def profiler_activities(gpu_only: bool = False) -> list[torch.profiler.ProfilerA
     return [torch.profiler.ProfilerActivity.CPU]
 
 
+def trace_path_for(path: str, part: str) -> str:
+    """`path` with `part` before its extension, which stays (and with it gzip for ".gz"):
+    trace.json -> trace.PART.json, trace.json.gz -> trace.PART.json.gz, trace -> trace.PART.json."""
+    for ext in (".json.gz", ".json", ".gz"):
+        if path.endswith(ext):
+            return f"{path.removesuffix(ext)}.{part}{ext}"
+    return f"{path}.{part}.json"
+
+
 @contextlib.contextmanager
 def profile_to(
     path: str | os.PathLike[str] | None, gpu_only: bool = False

@@ -483,3 +483,28 @@ def test_auto_without_a_local_binary_uses_sqlite(cpu_trace: Path, monkeypatch: p
 def test_examples_are_all_valid_sql(cpu_trace: Path) -> None:
     for name in EXAMPLES:
         query_trace(cpu_trace, example_sql(name), engine="sqlite")
+
+
+@pytest.mark.parametrize(
+    "path, want",
+    [
+        ("out/trace.json", "out/trace.static.json"),
+        ("out/trace.json.gz", "out/trace.static.json.gz"),
+        ("trace.gz", "trace.static.gz"),
+        ("trace", "trace.static.json"),
+    ],
+)
+def test_each_modes_trace_keeps_the_extension(path: str, want: str) -> None:
+    """A .json.gz path used to become trace.json.gz.static.json, written uncompressed."""
+    from roseinfer.profiling import trace_path_for
+
+    assert trace_path_for(path, "static") == want
+
+
+@pytest.mark.parametrize("bench", ["kernels", "fused"])
+def test_gpu_benches_refuse_a_cpu_machine_in_one_line(bench: str, monkeypatch) -> None:
+    from roseinfer.entrypoints.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=f"bench {bench} needs a CUDA GPU"):
+        main(["bench", bench])

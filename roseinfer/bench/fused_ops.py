@@ -170,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from roseinfer.bench.env import bench_header, format_header
 
+    if not torch.cuda.is_available():
+        raise SystemExit("bench fused needs a CUDA GPU")
     shapes = tuple(s for s in args.model_shapes.split(",") if s)
     header = bench_header("fused-ops", ",".join(shapes))
     print(format_header(header), flush=True)

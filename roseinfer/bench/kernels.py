@@ -289,6 +289,8 @@ def add_arguments(parser: Any) -> None:
 def run(args: Any) -> int:
     from roseinfer.bench.env import bench_header, format_header
 
+    if not torch.cuda.is_available():
+        raise SystemExit("bench kernels needs a CUDA GPU")
     print(format_header(bench_header("kernels", "attention layers of qwen2.5-0.5b and llama-3.1-8b")))
     run_kernel_bench(args.seed)
     return 0

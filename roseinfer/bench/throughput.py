@@ -37,7 +37,7 @@ from roseinfer.entrypoints.arg_types import positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.kv.cache_dtype import resolve_kv_cache_dtype
 from roseinfer.models.loader import DEFAULT_MODEL
-from roseinfer.profiling import profile_to
+from roseinfer.profiling import profile_to, trace_path_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring the device limits")
     parser.add_argument(
-        "--profile", default=None, metavar="PATH", help="torch profiler trace of the timed run(s)"
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="torch profiler trace of each mode's timed run, at PATH with the mode before its extension "
+        "(trace.json -> trace.continuous.json; .json.gz is written gzipped)",
     )
     parser.add_argument(
         "--profile-gpu-only",
@@ -124,7 +128,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         shared_model = engine.core.runner.model
         max_num_seqs = max(max_num_seqs, 1 if mode == "naive" else config.scheduler.max_num_seqs)
         run_engine(engine, warmup, f"{mode} (warm-up)")
-        trace = f"{args.profile.removesuffix('.json')}.{mode}.json" if args.profile else None
+        trace = trace_path_for(args.profile, mode) if args.profile else None
         with profile_to(trace, gpu_only=args.profile_gpu_only):
             result = run_engine(engine, workload, mode)
         results.append(result)
