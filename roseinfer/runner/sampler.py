@@ -75,15 +75,15 @@ class SamplingBatch:
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Mask (to -inf) the logits outside each row's top-k and top-p nucleus."""
+    """Mask (to -inf) the logits outside each row's top-k and top-p nucleus. As in vLLM, top-k keeps every
+    token whose logit is at least the k-th largest (tokens tied with the k-th all stay); top_k [N] in [1, V]."""
     if top_k is None and top_p is None:
         return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
     mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if top_k is not None:
-        ranks = torch.arange(vocab, device=logits.device)
-        mask |= ranks.unsqueeze(0) >= top_k.unsqueeze(1)
+        kth = sorted_logits.gather(1, (top_k - 1).unsqueeze(1))
+        mask |= sorted_logits < kth
     if top_p is not None:
         probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(dim=-1)
         # Keep a token while the mass before it is below top_p (the top token is always kept).

@@ -78,3 +78,36 @@ def test_seeded_generator_reproduces_draws():
     first = run()
     assert first == run()
     assert len(set(first)) > 3
+
+
+def counts_of(logits: torch.Tensor, p: SamplingParams, n: int, seed: int) -> torch.Tensor:
+    """Token counts of n draws from the one row `logits` [1, V], the noise from a generator seeded `seed`."""
+    rows = logits.expand(n, -1).clone()
+    batch = SamplingBatch.build([p] * n, [None] * n, logits.shape[-1], torch.device("cpu"))
+    batch.shared_generator = torch.Generator().manual_seed(seed)
+    return torch.bincount(sample(rows, batch), minlength=logits.shape[-1]).double()
+
+
+def assert_follows(counts: torch.Tensor, want: list[float]) -> None:
+    """Counts of n draws against the exact probabilities: no draw of a token of probability 0, and each
+    frequency within 6 standard deviations of its probability (a correct sampler fails this with probability
+    about 2e-9 a token)."""
+    p = torch.tensor(want, dtype=torch.float64)
+    n = counts.sum()
+    assert counts[p == 0].sum() == 0, f"drew tokens of probability 0: {counts.tolist()}"
+    sd = (p * (1 - p) / n).sqrt()
+    z = ((counts / n - p).abs() / sd)[p > 0]
+    assert (z < 6).all(), f"frequencies {(counts / n).tolist()} against {want}"
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    """As vLLM (and HF's top-k warper): top-k keeps every token whose logit is at least the k-th largest, so
+    tokens tied at the boundary all stay, each as likely as the others, whatever order the sort left them in."""
+    e = torch.e
+    logits = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert_follows(counts_of(logits, SamplingParams(top_k=2), 6000, seed=0), [1 / 3, 1 / 3, 1 / 3, 0.0])
+    logits = torch.tensor([[0.0, 1.0, 2.0, 1.0, -1.0]])
+    z = e**2 + 2 * e
+    assert_follows(
+        counts_of(logits, SamplingParams(top_k=2), 6000, seed=1), [0.0, e / z, e**2 / z, e / z, 0.0]
+    )
