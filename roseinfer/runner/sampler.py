@@ -72,6 +72,10 @@ class SamplingBatch:
         )
 
 
+# The relative rounding allowed where a nucleus' mass meets top_p (float32 sums of float32 probabilities).
+_TOP_P_ROUNDING = 1e-5
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
@@ -86,9 +90,15 @@ def apply_top_k_top_p(
         mask |= sorted_logits < kth
     if top_p is not None:
         probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        # Keep a token while the mass before it is below top_p (the top token is always kept).
-        mass_before = probs.cumsum(dim=-1) - probs
-        mask |= mass_before >= top_p.unsqueeze(1)
+        # Keep a token while the mass before it is below top_p: while it and the tokens after it hold more
+        # than 1 - top_p. That sum, run from the least likely token up, stays accurate where little mass is
+        # left, where a running sum from the top reaches 1 early by rounding (it cut even a top_p of 1 short
+        # of the vocabulary). A mass within rounding of top_p counts as reaching it (0.5 + 0.3 reaches a top_p
+        # of 0.8, which float32 holds as 0.8000000119). The top token always stays.
+        mass_from = probs.flip(-1).cumsum(dim=-1).flip(-1)
+        cut = mass_from <= (1.0 - top_p).unsqueeze(1) * (1.0 + _TOP_P_ROUNDING)
+        cut[:, 0] = False
+        mask |= cut
     sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 

@@ -111,3 +111,17 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
     assert_follows(
         counts_of(logits, SamplingParams(top_k=2), 6000, seed=1), [0.0, e / z, e**2 / z, e / z, 0.0]
     )
+
+
+def test_top_p_nucleus_is_exact_over_a_large_vocabulary():
+    """Over 32k tokens of a peaked row, a running float32 sum from the top reached 1 with about half the
+    vocabulary left: a row at top_p = 1 (no top-p, batched with a row that uses it) lost half its tokens, and
+    top_p = 0.9999 kept 5829 tokens where the nucleus holds 6124. The kept set must be the float64 nucleus."""
+    logits = torch.randn(1, 32000, generator=torch.Generator().manual_seed(2)) * 3
+    logits[0, 0] = 20.0
+    rows = logits.expand(2, -1).clone()
+    masked = apply_top_k_top_p(rows, None, torch.tensor([1.0, 0.9999]))
+    assert torch.isfinite(masked[0]).all()  # top_p = 1 keeps every token
+    probs = logits[0].double().softmax(-1).sort(descending=True).values
+    nucleus = int(((probs.cumsum(0) - probs) < 0.9999).sum())  # tokens with less than top_p before them
+    assert abs(int(torch.isfinite(masked[1]).sum()) - nucleus) <= 2
