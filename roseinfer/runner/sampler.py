@@ -1,4 +1,8 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators."""
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators.
+
+As in vLLM, a row's logits are divided by its temperature, then min-p drops the tokens less likely than min_p
+times the most likely one, then top-k and top-p cut what is left.
+"""
 
 from __future__ import annotations
 
@@ -120,11 +124,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # Plain temperature: argmax(p / E) = argmax(scores - log E); the softmax is never needed.
         sampled = (scores - noise.clamp_(min=1e-20).log_()).argmax(dim=-1)
     else:
+        # vLLM's order: min-p on the tempered distribution, then top-k and top-p on what it leaves.
+        if batch.min_p is not None:
+            probs = scores.softmax(dim=-1)
+            floor = probs.max(dim=-1, keepdim=True).values * batch.min_p.unsqueeze(1)
+            scores = scores.masked_fill(probs < floor, float("-inf"))
         scores = apply_top_k_top_p(scores, batch.top_k, batch.top_p)
         probs = scores.softmax(dim=-1)
-        if batch.min_p is not None:
-            floor = probs.max(dim=-1, keepdim=True).values * batch.min_p.unsqueeze(1)
-            probs = probs.masked_fill(probs < floor, 0.0)
         sampled = (probs / noise.clamp_(min=1e-20)).argmax(dim=-1)
     if not batch.any_greedy:
         return sampled

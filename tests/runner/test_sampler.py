@@ -96,8 +96,7 @@ def assert_follows(counts: torch.Tensor, want: list[float]) -> None:
     n = counts.sum()
     assert counts[p == 0].sum() == 0, f"drew tokens of probability 0: {counts.tolist()}"
     sd = (p * (1 - p) / n).sqrt()
-    z = ((counts / n - p).abs() / sd)[p > 0]
-    assert (z < 6).all(), f"frequencies {(counts / n).tolist()} against {want}"
+    assert ((counts / n - p).abs() <= 6 * sd).all(), f"frequencies {(counts / n).tolist()} against {want}"
 
 
 def test_top_k_keeps_every_token_tied_with_the_kth():
@@ -125,3 +124,15 @@ def test_top_p_nucleus_is_exact_over_a_large_vocabulary():
     probs = logits[0].double().softmax(-1).sort(descending=True).values
     nucleus = int(((probs.cumsum(0) - probs) < 0.9999).sum())  # tokens with less than top_p before them
     assert abs(int(torch.isfinite(masked[1]).sum()) - nucleus) <= 2
+
+
+def test_min_p_applies_before_top_p_as_in_vllm():
+    """vLLM (v1) filters the tempered distribution by min-p first, then takes the top-p nucleus of what is
+    left: here min-p keeps tokens 0 and 1 (2/3 and 1/3 once renormalized) and top_p = 0.6 then keeps token 0
+    alone. Top-p first kept both (0.5 is below 0.6), then min-p kept both: token 1 a third of the time."""
+    probs = torch.tensor([0.5, 0.25] + [0.005] * 50)
+    p = SamplingParams(min_p=0.1, top_p=0.6)
+    assert_follows(counts_of(probs.log()[None], p, 2000, seed=3), [1.0] + [0.0] * 51)
+    # with top-k the two orders agree: min-p keeps 0 and 1, top-k 2 both of them
+    p = SamplingParams(temperature=0.5, min_p=0.1, top_k=2)
+    assert_follows(counts_of(probs.log()[None], p, 6000, seed=4), [0.8, 0.2] + [0.0] * 50)
