@@ -33,6 +33,8 @@ class SamplingBatch:
     # Where rows without a generator of their own draw their noise: the runner's, seeded from the engine's
     # seed, so that `LLM(seed=...)` makes unseeded sampling repeatable (None: torch's global generator).
     shared_generator: torch.Generator | None = None
+    # Some row draws from a generator of its own: the torch sampler serves the batch (see `_fused_sampling_for`).
+    any_seeded: bool = False
 
     @staticmethod
     def build(
@@ -44,15 +46,16 @@ class SamplingBatch:
     ) -> SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
+        any_seeded = any(g is not None for g in generators)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(
-                None, None, None, None, None, True, True, generators, True, shared_generator=shared_generator
+                None, None, None, None, None, True, True, generators, True, None, shared_generator, any_seeded
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
         use_min_p = any(p.min_p > 0.0 for p in params)
-        in_graph = not (use_k or use_p or use_min_p) and all(g is None for g in generators)
+        in_graph = not (use_k or use_p or use_min_p or any_seeded)
 
         pin = device.type == "cuda"  # a copy from pageable memory would wait for the queued steps
 
@@ -73,6 +76,7 @@ class SamplingBatch:
             in_graph=in_graph,
             host_temperature=np.array(temps, np.float32) if in_graph else None,
             shared_generator=shared_generator,
+            any_seeded=any_seeded,
         )
 
 
@@ -138,13 +142,16 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def _fused_sampling_for(logits: torch.Tensor, batch: SamplingBatch) -> bool:
-    """The one-pass Triton sampler serves greedy and plain-temperature rows on CUDA."""
+    """The one-pass Triton sampler serves greedy and plain-temperature rows on CUDA, where no row has a
+    generator of its own: a seeded row always draws its noise the torch sampler's way, so that its tokens
+    depend on its seed and logits alone, not on whether a top-k / top-p / min-p row shares its batch."""
     return (
         logits.is_cuda
         and _sampling is not None
         and batch.top_k is None
         and batch.top_p is None
         and batch.min_p is None
+        and (batch.all_greedy or not batch.any_seeded)
     )
 
 
@@ -155,12 +162,9 @@ def _sample_fused(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.all_greedy:
         return _sampling.sample_tokens(logits, None, None)
     n = logits.shape[0]
-    # Unseeded rows: consecutive seeds from one draw of the shared generator; seeded rows: their own.
+    # Consecutive Philox seeds from one draw of the shared generator (no row has a generator of its own).
     first = torch.randint(0, 2**62, (1,), device=logits.device, generator=batch.shared_generator)
     seeds = first + torch.arange(n, device=logits.device)
-    for row, gen in enumerate(batch.generators):
-        if gen is not None:
-            seeds[row : row + 1] = torch.randint(0, 2**62, (1,), device=logits.device, generator=gen)
     return _sampling.sample_tokens(logits, batch.temperature, seeds)
 
 
