@@ -18,9 +18,8 @@ from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 
-Prompt = (
-    str | list[int] | tuple[int, ...] | np.ndarray | dict[str, Any]
-)  # dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}
+# Text, token ids, or a dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}.
+Prompt = str | list[int] | tuple[int, ...] | np.ndarray | dict[str, Any]
 
 
 class LLMEngine:
