@@ -10,7 +10,7 @@ from roseinfer.kernels.activation import silu_and_mul, silu_and_mul_ref
 from roseinfer.kernels.kv_store import store_kv_ref
 from roseinfer.kernels.rmsnorm import rmsnorm, rmsnorm_ref, scale_by_inv_rms_ref
 from roseinfer.kernels.rotary import apply_rotary, apply_rotary_and_store_kv, apply_rotary_ref
-from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, randn
+from tests.kernels.kernel_utils import DEVICE, DTYPE_IDS, TOL, generator, head_major_copy, randn
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -91,6 +91,26 @@ def test_rotary_and_store_kv(dtype, tokens, hq, hk, d, block_size):
     close(q, q_ref, dtype)
     assert torch.equal(k, k_before)
     close(kv, kv_ref, dtype)
+
+
+def test_rotary_and_store_kv_into_a_v_cache_of_another_layout():
+    """k and v caches are written through their own strides: nothing but the same shape ties them."""
+    g = generator("rope-store-v-layout")
+    tokens, hq, hk, d, block_size, num_blocks = 5, 4, 2, 16, 4, 4
+    q, k, v = (randn((tokens, h, d), torch.float32, g) for h in (hq, hk, hk))
+    k_cache = torch.zeros((num_blocks, block_size, hk, d), device=DEVICE)
+    v_cache = head_major_copy(torch.zeros_like(k_cache))
+    slots = torch.tensor([3, 0, -1, 14, 9], dtype=torch.int32, device=DEVICE)
+    angles = torch.rand((16, d // 2), generator=g) * 6.28
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(DEVICE)
+    positions = torch.randint(0, 16, (tokens,), generator=g).to(torch.int32).to(DEVICE)
+    q_ref, k_rot = apply_rotary_ref(q.clone(), k.clone(), positions, cos_sin)
+    k_ref, v_ref = torch.zeros_like(k_cache), torch.zeros_like(k_cache)
+    store_kv_ref(k_rot, v, k_ref, v_ref, slots)
+    apply_rotary_and_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    close(q, q_ref, torch.float32)
+    close(k_cache, k_ref, torch.float32)
+    close(v_cache, v_ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
