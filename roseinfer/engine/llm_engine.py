@@ -109,6 +109,7 @@ class LLMEngine:
         if isinstance(prompt, dict):
             cache_salt = prompt.get("cache_salt", cache_salt)
             prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
+        unresolved = params.max_tokens is None
         ids, params = self.validate(prompt, params)
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
@@ -118,7 +119,12 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         req = Request(rid, ids, params, self.eos_token_ids, text, arrival_time, cache_salt)
         kv = self.core.kv
-        if kv.blocks_for(len(ids) + params.max_tokens) > (open_blocks := kv.blocks_open_to(req)):
+        open_blocks = kv.blocks_open_to(req)
+        if unresolved and open_blocks < kv.num_blocks:
+            # Pinned blocks are never freed: max_tokens=None runs to the blocks they leave it, not the pool.
+            open_tokens = min(self.config.max_model_len, open_blocks * kv.block_size)
+            req.params = params = replace(params, max_tokens=max(open_tokens - len(ids), 1))
+        if kv.blocks_for(len(ids) + params.max_tokens) > open_blocks:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) can never fit the "
                 f"{open_blocks} KV blocks of {kv.block_size} tokens that pinned prefixes leave it"

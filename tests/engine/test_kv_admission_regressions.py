@@ -89,3 +89,15 @@ def test_a_request_that_fills_the_pool_finishes_under_a_one_token_budget(
     assert done[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     assert eng.core.scheduler.num_preemptions == 0
     assert eng.core.kv.num_free_blocks == 2
+
+
+def test_max_tokens_none_is_capped_by_the_blocks_pinned_prefixes_leave(llama_dir: str) -> None:
+    """4 blocks of 4 tokens, 3 of them pinned: max_tokens=None resolved to the whole pool (16 - 2 tokens), and
+    the request was refused as never fitting, instead of running to the one block left to it."""
+    llm = make(llama_dir, pinned_prefixes=[list(range(100, 112))], num_kv_blocks=4)
+    none = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    out = llm.generate([[5, 6]], none, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 4 - 2 and out.finish_reason == "length"
+    # A prompt that reads the pinned prefix shares its three blocks: the whole pool is open to it.
+    out = llm.generate([list(range(100, 112)) + [7]], none, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 16 - 13
