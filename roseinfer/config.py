@@ -95,7 +95,7 @@ class ModelConfig:
             )
         # HF's llama and qwen3 then bias q/k/v and o_proj, or every MLP projection.
         for flag, where in (("attention_bias", "o_proj"), ("mlp_bias", "the MLP")):
-            if cfg.get(flag) and model_type in ("llama", "qwen3"):
+            if cfg.get(flag) and arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
                 raise ValueError(f"{flag}=true is not supported (roseinfer has no bias on {where})")
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]

@@ -78,11 +78,15 @@ def test_a_bad_flag_value_is_an_argparse_error_not_a_traceback(argv, flag, capsy
 
 
 def test_a_refused_input_is_one_line_on_stderr_not_a_traceback(capsys, monkeypatch):
-    monkeypatch.delenv("ROSEINFER_TRACEBACK", raising=False)
-    assert main(["generate", "--model", "qwen2.5-0.5b"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("roseinfer generate: error: ") and "--load-format dummy" in err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    for off in (None, "0", ""):
+        if off is None:
+            monkeypatch.delenv("ROSEINFER_TRACEBACK", raising=False)
+        else:
+            monkeypatch.setenv("ROSEINFER_TRACEBACK", off)
+        assert main(["generate", "--model", "qwen2.5-0.5b"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("roseinfer generate: error: ") and "--load-format dummy" in err
+        assert "ROSEINFER_TRACEBACK=1" in err and len(err.strip().splitlines()) == 1
     monkeypatch.setenv("ROSEINFER_TRACEBACK", "1")  # for whoever debugs it
     with pytest.raises(ValueError, match="built-in shape without weights"):
         main(["generate", "--model", "qwen2.5-0.5b"])

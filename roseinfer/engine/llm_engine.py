@@ -79,7 +79,7 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(ids)} tokens; the model context is {max_len} (max_model_len)")
         pool_tokens = self.core.num_blocks * self.config.cache.block_size
         if params.max_tokens is None:
-            params = replace(params, max_tokens=max(min(max_len, pool_tokens) - len(ids), 1))
+            params = self._run_to_limit(params, len(ids), pool_tokens)
         if len(ids) + params.max_tokens > max_len:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model context "
@@ -97,6 +97,11 @@ class LLMEngine:
                 f"of {pool_tokens} tokens ({self.core.num_blocks} blocks)"
             )
         return ids, params
+
+    def _run_to_limit(self, params: SamplingParams, prompt_len: int, cache_tokens: int) -> SamplingParams:
+        """`max_tokens=None` resolved: as many tokens as the context and `cache_tokens` leave the prompt."""
+        room = min(self.config.max_model_len, cache_tokens) - prompt_len
+        return replace(params, max_tokens=max(room, 1))
 
     def add_request(
         self,
@@ -122,8 +127,7 @@ class LLMEngine:
         open_blocks = kv.blocks_open_to(req)
         if unresolved and open_blocks < kv.num_blocks:
             # Pinned blocks are never freed: max_tokens=None runs to the blocks they leave it, not the pool.
-            open_tokens = min(self.config.max_model_len, open_blocks * kv.block_size)
-            req.params = params = replace(params, max_tokens=max(open_tokens - len(ids), 1))
+            req.params = params = self._run_to_limit(params, len(ids), open_blocks * kv.block_size)
         if kv.blocks_for(len(ids) + params.max_tokens) > open_blocks:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) can never fit the "

@@ -189,9 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ValueError as e:  # bad input the engine refused by name: its message, not a traceback
-        if os.environ.get("ROSEINFER_TRACEBACK"):
+        if os.environ.get("ROSEINFER_TRACEBACK", "0") not in ("", "0"):
             raise
-        print(f"roseinfer {args.command}: error: {e}", file=sys.stderr)
+        print(f"roseinfer {args.command}: error: {e} (ROSEINFER_TRACEBACK=1 shows where)", file=sys.stderr)
         return 2
 
 

@@ -70,6 +70,8 @@ def test_biases_roseinfer_has_no_place_for_are_refused_by_name(model_type: str, 
     }  # fmt: skip
     with pytest.raises(ValueError, match=flag):
         ModelConfig.from_dict(cfg)
+    with pytest.raises(ValueError, match=flag):  # named by its architecture alone
+        ModelConfig.from_dict({k: v for k, v in cfg.items() if k != "model_type"})
     ModelConfig.from_dict({**cfg, flag: False})
 
 
