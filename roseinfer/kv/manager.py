@@ -89,7 +89,7 @@ class KVCacheManager:
     def _first_write(self, req: Request, hit: int) -> int:
         """Index of the block a request with `hit` cached tokens writes first (at least its last token is
         computed); a hit block there or after is copied, not shared."""
-        return min(hit, req.num_tokens - 1) // self.block_size
+        return self.admitted_start(req, hit) // self.block_size
 
     def usable_prefix(self, req: Request) -> tuple[list[int], int]:
         """The cached prefix `admit` would attach, and its length in tokens: a fresh block (filled by this
@@ -124,22 +124,30 @@ class KVCacheManager:
         self.pool.incref(blocks)
         req.block_ids = list(blocks)
         self.tables.write(req, 0, blocks)
-        req.num_computed_tokens = min(hit, req.num_tokens - 1)
+        req.num_computed_tokens = self.admitted_start(req, hit)
         req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
         return hit
 
-    def admission_fits(self, req: Request, max_new_tokens: int, prefix: tuple[list[int], int]) -> bool:
+    @staticmethod
+    def admitted_start(req: Request, hit: int) -> int:
+        """Where `admit` leaves a request with a hit of `hit` tokens: the last token is always computed."""
+        return min(hit, req.num_tokens - 1)
+
+    def admission_fits(
+        self, req: Request, max_new_tokens: int, prefix: tuple[list[int], int], reserved: int = 0
+    ) -> bool:
         """Dry run of `admit(req, prefix)` + `allocate_slots` for up to `max_new_tokens`: would the pool
-        have the blocks? Asking first spares a failed admission its rollback, which would move the request's
-        cached blocks to the most recently used end of the free queue."""
+        have the blocks, beside `reserved` free ones promised elsewhere? Asking first spares a failed
+        admission its rollback, which would move the request's cached blocks to the most recently used end
+        of the free queue."""
         blocks, hit = prefix
-        start = min(hit, req.num_tokens - 1)
+        start = self.admitted_start(req, hit)
         end = start + min(req.num_tokens - start, max_new_tokens)
         revived = sum(1 for b in blocks if self.pool.ref_counts[b] == 0)  # leave the free queue on a hit
         need = max(0, self.blocks_for(end) - len(blocks))
         # Hit blocks are cached, so a write into one of them is always a copy.
         copies = max(0, min(len(blocks), cdiv(end, self.block_size)) - start // self.block_size)
-        return need + copies <= self.pool.num_free - revived
+        return need + copies + reserved <= self.pool.num_free - revived
 
     def count_query(self, num_tokens: int, hit: int) -> None:
         if self.enable_prefix_caching:

@@ -210,7 +210,7 @@ class Scheduler:
                 prefix = self.kv.prefix_without_copy(req, prefix)
                 if not self._fits(req, budget, prefix, form_batch):
                     break
-            num_new = req.num_tokens - min(prefix[1], req.num_tokens - 1)  # what `admit` leaves to compute
+            num_new = req.num_tokens - self.kv.admitted_start(req, prefix[1])
             # Without chunked prefill a prompt fits one step's budget (validated), but a preempted request's
             # recompute (prompt + output) may not: it is chunked, or it could never run again. Asked before
             # `admit`, as `admission_fits` is: a rollback would refresh its cached blocks in the LRU order.
@@ -253,16 +253,7 @@ class Scheduler:
         the free blocks."""
         if not self.kv.admission_fits(req, budget, prefix):
             return False
-        if not form_batch:
-            return True
-        blocks, hit = prefix
-        kv = self.kv
-        revived = sum(1 for b in blocks if kv.pool.ref_counts[b] == 0)  # leave the free queue on a hit
-        copy = int(
-            min(hit, req.num_tokens - 1) // kv.block_size < len(blocks)
-        )  # the hit block it writes first
-        missing = kv.blocks_for(req.num_tokens) - len(blocks) + copy
-        return missing + self._promised <= kv.num_free_blocks - revived
+        return not form_batch or self.kv.admission_fits(req, req.num_tokens, prefix, reserved=self._promised)
 
     @staticmethod
     def _scheduled(req: Request, num_new: int) -> ScheduledRequest:
