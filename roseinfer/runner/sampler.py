@@ -49,7 +49,17 @@ class SamplingBatch:
         any_seeded = any(g is not None for g in generators)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(
-                None, None, None, None, None, True, True, generators, True, None, shared_generator, any_seeded
+                temperature=None,
+                top_k=None,
+                top_p=None,
+                min_p=None,
+                greedy=None,
+                all_greedy=True,
+                any_greedy=True,
+                generators=generators,
+                in_graph=True,
+                shared_generator=shared_generator,
+                any_seeded=any_seeded,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
