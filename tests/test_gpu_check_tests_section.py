@@ -40,11 +40,26 @@ def test_tests_section_deals_every_test_to_one_shard(tmp_path: Path) -> None:
         everything = (logs / f"{tag}.ids").read_text().split()
         assert len(everything) >= shards
         dealt = [(logs / f"{tag}.ids.{i}").read_text().split() for i in range(shards)]
-        assert sorted(sum(dealt, [])) == sorted(everything)
+        timing = (logs / f"{tag}.timing.ids").read_text().split()
+        assert sorted(sum(dealt, []) + timing) == sorted(everything)
         assert all(dealt), "a shard got no tests"
         for i in range(shards):
             log = (logs / f"{tag}.shard{i}.log").read_text()
             ran = re.findall(r"(\d+) (passed|skipped)", log.strip().splitlines()[-1])
             assert sum(int(n) for n, _ in ran) == len(dealt[i]) and "failed" not in log
         assert not (logs / f"{tag}.ids.{shards}").exists()
+        if timing:
+            log = (logs / f"{tag}.timing.log").read_text()
+            ran = re.findall(r"(\d+) (passed|skipped)", log.strip().splitlines()[-1])
+            assert sum(int(n) for n, _ in ran) == len(timing) and "failed" not in log
+    # The timer tests compare measured times: none shares the GPU with a shard.
+    assert (logs / "e2e.timing.ids").read_text().split() == [
+        f"tests/gpu/test_bench_kernels.py::{name}"
+        for name in (
+            "test_back_to_back_timer_is_per_launch",
+            "test_kernel_bench_rows",
+            "test_steady_timer_is_per_call",
+        )
+    ]
+    assert not (logs / "kernels.timing.ids").read_text().split()
     assert "tests over 1 GPU(s), 3 process(es) each" in run.stdout

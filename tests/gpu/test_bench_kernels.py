@@ -12,6 +12,7 @@ from roseinfer.bench.kernels import _graph_back_to_back_ms, run_kernel_bench
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.timing
 def test_back_to_back_timer_is_per_launch():
     src = torch.empty(1 << 26, dtype=torch.bfloat16, device="cuda").normal_()
     dsts = [torch.empty_like(src) for _ in range(4)]
@@ -26,6 +27,7 @@ def test_back_to_back_timer_is_per_launch():
     assert 0.7 < four / one < 1.3, (one, four)
 
 
+@pytest.mark.timing
 def test_kernel_bench_rows():
     rows = run_kernel_bench(verbose=False)
     kernels = [r["kernel"] for r in rows]
@@ -36,6 +38,7 @@ def test_kernel_bench_rows():
     assert rows[3]["max_abs_err_vs_sdpa"] < 2e-2
 
 
+@pytest.mark.timing
 def test_steady_timer_is_per_call():
     from roseinfer.bench.env import back_to_back_time, median_time
 
