@@ -114,8 +114,8 @@ class LLMEngine:
         if isinstance(prompt, dict):
             cache_salt = prompt.get("cache_salt", cache_salt)
             prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
-        unresolved = params.max_tokens is None
-        ids, params = self.validate(prompt, params)
+        ids, resolved = self.validate(prompt, params)
+        unresolved, params = params.max_tokens is None, resolved
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         rid = request_id if request_id is not None else str(next(self._ids))

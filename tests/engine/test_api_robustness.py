@@ -1,0 +1,61 @@
+"""The engine-level API under misuse and failure, as a vLLM user expects `LLMEngine` / `LLM` to behave: bad
+params, params changed after add, several ids aborted at once, auto ids beside the caller's, a step that
+raises, a generate call interrupted. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from roseinfer import LLM, InvalidRequestError, SamplingParams
+
+
+def make(llama_dir: str, **kw) -> LLM:
+    kw.setdefault("cpu_kv_tokens", 2048)
+    return LLM(llama_dir, device="cpu", dtype="float32", block_size=4, **kw)
+
+
+def greedy(n_tokens: int = 6, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, **kw)
+
+
+PROMPTS = [list(range(10, 22)), [50, 51, 52, 53, 54, 55, 56, 57, 58]]
+
+
+def token_ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def run(engine) -> dict[str, list[int]]:
+    """Steps `engine` until it is idle; the final token ids of each request."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step(final_only=True):
+            done[out.request_id] = out.outputs[0].token_ids
+    return done
+
+
+def assert_idle(llm: LLM) -> None:
+    """No request queued or running, and once a step of aborted requests still in flight is resolved, every
+    block free."""
+    core = llm.engine.core
+    assert not llm.engine.groups and not core.scheduler.waiting and not core.scheduler.running
+    assert run(llm.engine) == {}
+    core.scheduler.check_invariants()
+    assert core.kv.num_free_blocks == core.kv.num_blocks
+
+
+@pytest.fixture(scope="module")
+def llm(llama_dir: str) -> LLM:
+    return make(llama_dir)
+
+
+@pytest.mark.parametrize("bad", [None, {"max_tokens": 4}, "greedy"])
+def test_params_that_are_not_sampling_params_are_a_value_error_and_the_rest_run(llm: LLM, bad) -> None:
+    """They raised AttributeError before the check, so `generate` let it out and left the prompts it had
+    already added queued in the engine."""
+    with pytest.raises(ValueError, match="sampling params must be a SamplingParams"):
+        llm.engine.add_request([5, 6, 7], bad)
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(PROMPTS, [greedy(), bad], use_tqdm=False)
+    assert list(info.value.errors) == [1] and info.value.outputs[0].finished
+    assert_idle(llm)
