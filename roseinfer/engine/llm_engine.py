@@ -54,6 +54,8 @@ class LLMEngine:
         ids and the params to run, `max_tokens=None` resolved to what the context and the KV cache leave."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        # The request's own copy, checked again: the caller may change or reuse theirs (vLLM clones them too).
+        params = replace(params)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
         if isinstance(prompt, str):

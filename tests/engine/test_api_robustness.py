@@ -59,3 +59,19 @@ def test_params_that_are_not_sampling_params_are_a_value_error_and_the_rest_run(
         llm.generate(PROMPTS, [greedy(), bad], use_tqdm=False)
     assert list(info.value.errors) == [1] and info.value.outputs[0].finished
     assert_idle(llm)
+
+
+def test_a_params_object_changed_after_add_request_does_not_change_the_request(llm: LLM) -> None:
+    """As vLLM, which clones them: the request keeps the params it was added with (all requests once
+    shared the caller's object, so the last edit set every request's max_tokens)."""
+    engine = llm.engine
+    params = greedy(3)
+    engine.add_request([5, 6, 7], params, request_id="three")
+    params.max_tokens = 7
+    engine.add_request([8, 9], params, request_id="seven")
+    params.max_tokens = 0  # invalid: checked again when it is added, not taken as it is
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        engine.add_request([8, 9], params)
+    done = run(engine)
+    assert {rid: len(ids) for rid, ids in done.items()} == {"three": 3, "seven": 7}
+    assert_idle(llm)
