@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -146,11 +147,13 @@ class LLMEngine:
 
         return IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.skip_special_tokens)
 
-    def abort_request(self, request_id: str) -> None:
-        group = self.groups.pop(request_id, None)
-        if group is not None:
-            for seq in group.seqs:
-                self.core.finish(seq.req, RequestStatus.FINISHED_ABORTED)
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Aborts one request or several (as vLLM's); ids unknown or already finished are ignored."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            group = self.groups.pop(rid, None)
+            if group is not None:
+                for seq in group.seqs:
+                    self.core.finish(seq.req, RequestStatus.FINISHED_ABORTED)
 
     def pin_prefix(self, prefix: str | list[int]) -> int:
         """Compute `prefix` now and pin its full blocks so they are never evicted; returns tokens pinned.

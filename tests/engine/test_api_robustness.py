@@ -75,3 +75,16 @@ def test_a_params_object_changed_after_add_request_does_not_change_the_request(l
     done = run(engine)
     assert {rid: len(ids) for rid, ids in done.items()} == {"three": 3, "seven": 7}
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("ids", [("a", "b"), ["a", "b"], iter(["a", "b"])])
+def test_abort_request_takes_several_ids(llm: LLM, ids) -> None:
+    """As vLLM's abort_request: a list of ids. A tuple was one unknown id (nothing aborted, silently), a list
+    a TypeError."""
+    engine = llm.engine
+    for rid in ("a", "b", "c"):
+        engine.add_request([5, 6, 7], greedy(8), request_id=rid)
+    engine.step()
+    engine.abort_request(ids)
+    assert list(run(engine)) == ["c"]
+    assert_idle(llm)
