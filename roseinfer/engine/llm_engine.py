@@ -121,7 +121,9 @@ class LLMEngine:
         unresolved, params = params.max_tokens is None, resolved
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        rid = request_id if request_id is not None else str(next(self._ids))
+        rid = request_id
+        while rid is None or (request_id is None and rid in self.groups):  # never one the caller took
+            rid = str(next(self._ids))
         if rid in self.groups:
             raise ValueError(f"request_id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None

@@ -88,3 +88,16 @@ def test_abort_request_takes_several_ids(llm: LLM, ids) -> None:
     engine.abort_request(ids)
     assert list(run(engine)) == ["c"]
     assert_idle(llm)
+
+
+def test_an_automatic_request_id_never_collides_with_the_callers(llama_dir: str) -> None:
+    """A request added without an id was refused ("already in use") when the caller had named one "0"."""
+    llm = make(llama_dir)
+    engine = llm.engine
+    taken = ["0", "1", "2"]
+    for rid in taken:
+        engine.add_request([5, 6, 7], greedy(2), request_id=rid)
+    auto = engine.add_request([8, 9], greedy(2))
+    assert auto not in taken
+    assert set(run(engine)) == {*taken, auto}
+    assert_idle(llm)
