@@ -36,6 +36,9 @@ class LLMEngine:
         self.groups: dict[str, _Group] = {}
         self.num_generated_tokens = 0
         self._ids = itertools.count()
+        # What a failed step raised: its state is half updated (tokens pending that no step resolves, blocks
+        # registered whose KV was never computed), so, as vLLM, the engine serves nothing more.
+        self.dead: BaseException | None = None
 
     @staticmethod
     def _load_tokenizer(config: EngineConfig, model_path: str) -> Any | None:
@@ -117,6 +120,7 @@ class LLMEngine:
         if isinstance(prompt, dict):
             cache_salt = prompt.get("cache_salt", cache_salt)
             prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
+        self._check_alive()
         ids, resolved = self.validate(prompt, params)
         unresolved, params = params.max_tokens is None, resolved
         if cache_salt is not None and not isinstance(cache_salt, str):
@@ -153,9 +157,16 @@ class LLMEngine:
         """Aborts one request or several (as vLLM's); ids unknown or already finished are ignored."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             group = self.groups.pop(rid, None)
-            if group is not None:
+            if group is not None and self.dead is None:  # a dead engine's core is not to be touched
                 for seq in group.seqs:
                     self.core.finish(seq.req, RequestStatus.FINISHED_ABORTED)
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise RuntimeError(
+                f"the engine is dead: a step failed with {self.dead!r}, leaving its state half updated; "
+                "build a new engine"
+            ) from self.dead
 
     def pin_prefix(self, prefix: str | list[int]) -> int:
         """Compute `prefix` now and pin its full blocks so they are never evicted; returns tokens pinned.
@@ -189,7 +200,16 @@ class LLMEngine:
 
     def step(self, final_only: bool = False) -> list[RequestOutput]:
         """One engine step; returns an output for every request that produced a token or finished
-        (only for finished ones with `final_only`, which spares copying every running output each step)."""
+        (only for finished ones with `final_only`, which spares copying every running output each step).
+        Whatever a step raises leaves the engine dead: every later step or add_request raises."""
+        self._check_alive()
+        try:
+            return self._step(final_only)
+        except BaseException as e:
+            self.dead = e
+            raise
+
+    def _step(self, final_only: bool) -> list[RequestOutput]:
         got, _ = self.core.step()
         self.num_generated_tokens += len(got)
         touched: dict[str, tuple[_Group, Request]] = {}

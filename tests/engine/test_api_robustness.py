@@ -101,3 +101,39 @@ def test_an_automatic_request_id_never_collides_with_the_callers(llama_dir: str)
     assert auto not in taken
     assert set(run(engine)) == {*taken, auto}
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_step_that_raises_leaves_the_engine_dead_not_wrong(
+    llama_dir: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that fails halfway leaves blocks registered in the prefix cache whose KV was never computed,
+    and tokens pending that no step will resolve: the engine served wrong tokens from then on, even after
+    every request was aborted. As vLLM: the engine is dead, and says so on every later call."""
+    want = token_ids(
+        make(llama_dir, async_scheduling=async_scheduling).generate(PROMPTS, greedy(), use_tqdm=False)
+    )
+    llm = make(llama_dir, async_scheduling=async_scheduling)
+    model = llm.engine.core.runner.model
+    forward, calls = model.forward, [0]
+
+    def fails_once(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", fails_once)
+    with pytest.raises(RuntimeError, match="device fault"):
+        llm.generate(PROMPTS, greedy(), use_tqdm=False)
+    for rid in list(llm.engine.groups):
+        llm.engine.abort_request(rid)
+    try:
+        got = token_ids(llm.generate(PROMPTS, greedy(), use_tqdm=False))
+    except RuntimeError as e:
+        assert "engine is dead" in str(e) and "device fault" in str(e)
+    else:
+        assert got == want, "silently wrong output after a failed step"
+        pytest.fail("a failed step left the engine serving")
+    with pytest.raises(RuntimeError, match="engine is dead"):
+        llm.engine.add_request([5, 6, 7], greedy())
