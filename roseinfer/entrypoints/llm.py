@@ -196,12 +196,24 @@ class LLM:
         engine = self.engine
         index: dict[str, int] = {}
         errors: dict[int, str] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            try:
-                index[engine.add_request(prompt, p)] = i
-            except ValueError as e:
-                errors[i] = str(e)
         results: list[RequestOutput | None] = [None] * len(prompts)
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                try:
+                    index[engine.add_request(prompt, p)] = i
+                except ValueError as e:
+                    errors[i] = str(e)
+            self._run(index, results, use_tqdm)
+        except BaseException:
+            engine.abort_request(index)  # as vLLM: a call that raises leaves none of its requests queued
+            raise
+        if errors:
+            raise InvalidRequestError(errors, results)
+        return results  # type: ignore[return-value]
+
+    def _run(self, index: dict[str, int], results: list[RequestOutput | None], use_tqdm: bool) -> None:
+        """Steps the engine until it is idle; the output of request `rid` goes to `results[index[rid]]`."""
+        engine = self.engine
         # Each request's token budget as admitted (max_tokens=None resolved), for the progress bar.
         budget = {i: engine.groups[rid].root.params for rid, i in index.items()}
         total = sum(p.max_tokens * p.n for p in budget.values())
@@ -218,6 +230,3 @@ class LLM:
                         )
                         bar.update(unused)
                 bar.update(engine.num_generated_tokens - before)
-        if errors:
-            raise InvalidRequestError(errors, results)
-        return results  # type: ignore[return-value]

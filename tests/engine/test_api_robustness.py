@@ -137,3 +137,27 @@ def test_a_step_that_raises_leaves_the_engine_dead_not_wrong(
         pytest.fail("a failed step left the engine serving")
     with pytest.raises(RuntimeError, match="engine is dead"):
         llm.engine.add_request([5, 6, 7], greedy())
+
+
+def test_an_interrupted_generate_leaves_no_request_behind(llama_dir: str, monkeypatch) -> None:
+    """As vLLM aborts what it added when adding fails: a generate call left by an exception (Ctrl-C between
+    steps) aborts its requests. They stayed queued and the next call ran them all before its own."""
+    llm = make(llama_dir)
+    engine = llm.engine
+    step, calls = engine.step, [0]
+
+    def interrupted(final_only: bool = False):
+        calls[0] += 1
+        outs = step(final_only)
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return outs
+
+    monkeypatch.setattr(engine, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS, greedy(), use_tqdm=False)
+    monkeypatch.undo()
+    assert_idle(llm)
+    assert token_ids(llm.generate(PROMPTS, greedy(), use_tqdm=False)) == token_ids(
+        make(llama_dir).generate(PROMPTS, greedy(), use_tqdm=False)
+    )
