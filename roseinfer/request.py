@@ -49,6 +49,11 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.eos_token_ids = () if params.ignore_eos else eos_token_ids
+        # What it may not sample before min_tokens: as vLLM, its stop token ids and the eos ids, even under
+        # ignore_eos (a fork takes its parent's: `Scheduler._fork`).
+        self.min_tokens_stop_ids: tuple[int, ...] = (
+            tuple(dict.fromkeys([*params.stop_token_ids, *eos_token_ids])) if params.min_tokens else ()
+        )
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.status = RequestStatus.WAITING
@@ -103,15 +108,25 @@ class Request:
             self.first_token_time = time.monotonic()
 
     def check_stop_token(self, max_model_len: int) -> RequestStatus | None:
-        """Stop conditions that need no text: stop/eos token ids, max_tokens, context length (known
-        tokens only: a pending token after a stop is dropped)."""
+        """Stop conditions that need no text: stop/eos token ids (as vLLM, not before min_tokens), max_tokens,
+        context length (known tokens only: a pending token after a stop is dropped)."""
         last = self.output_token_ids[-1]
         if last in self.params.stop_token_ids or last in self.eos_token_ids:
-            self.stop_reason = last
-            return RequestStatus.FINISHED_STOPPED
+            if len(self.output_token_ids) >= self.params.min_tokens:  # the sampler masks them before it
+                self.stop_reason = last
+                return RequestStatus.FINISHED_STOPPED
         if len(self.output_token_ids) >= self.params.max_tokens or len(self.all_token_ids) >= max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def banned_token_ids(self) -> tuple[int, ...]:
+        """The ids it may not sample in the step being launched: its `min_tokens_stop_ids` while it has
+        generated fewer than min_tokens tokens before it, else none. Asked for a launched step's sampled row,
+        whose own token already counts as pending (`Scheduler._commit`); with async scheduling the tokens of
+        the step still in flight count too, and after a recompute-style preemption the output it keeps."""
+        if len(self.output_token_ids) + self.num_pending - 1 < self.params.min_tokens:
+            return self.min_tokens_stop_ids
+        return ()
 
     def reached_length_limit(self, max_model_len: int) -> bool:
         """Counting pending tokens: no further token may be scheduled (the last is still in flight)."""

@@ -33,9 +33,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     include_stop_str_in_output: bool = False
+    # As vLLM v1: until a sequence has generated min_tokens tokens, its stop token ids and the eos ids
+    # (even under ignore_eos) are not sampled, and no stop string that ends in the first min_tokens
+    # tokens' text stops it. Last, so that the fields before it keep their positions.
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "max_tokens", "n", "seed"):
+        for name in ("top_k", "max_tokens", "min_tokens", "n", "seed"):
             setattr(self, name, _plain_int(getattr(self, name)))
         for name in ("temperature", "top_p", "min_p"):
             value = _plain_float(getattr(self, name))
@@ -54,6 +58,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
+        if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.seed is not None and not isinstance(self.seed, int):

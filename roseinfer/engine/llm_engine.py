@@ -105,9 +105,10 @@ class LLMEngine:
         return ids, params
 
     def _run_to_limit(self, params: SamplingParams, prompt_len: int, cache_tokens: int) -> SamplingParams:
-        """`max_tokens=None` resolved: as many tokens as the context and `cache_tokens` leave the prompt."""
-        room = min(self.config.max_model_len, cache_tokens) - prompt_len
-        return replace(params, max_tokens=max(room, 1))
+        """`max_tokens=None` resolved: as many tokens as the context and `cache_tokens` leave the prompt. A larger
+        min_tokens is cut to it, which masks the same tokens (vLLM does not check it against this limit)."""
+        room = max(min(self.config.max_model_len, cache_tokens) - prompt_len, 1)
+        return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
     def add_request(
         self,
@@ -263,11 +264,12 @@ class _Sequence:
         if req.is_finished and last:
             self.text += self.detok.flush()
         stops = req.params.stop
-        if not stops:
+        # As vLLM, no stop string ends a sequence within its first min_tokens tokens: their text is never
+        # searched again, though a match may begin in it and end in a later token's text.
+        if not stops or self.num_seen <= req.params.min_tokens:
             return False
         # Only the new text, plus the overlap a stop string could straddle, needs searching.
-        start = max(0, before - max(len(s) for s in stops) + 1)
-        found = [(i, s) for s in stops if (i := self.text.find(s, start)) >= 0]
+        found = [(i, s) for s in stops if (i := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
         if not found:
             return False
         hit, stop = min(found)

@@ -22,7 +22,7 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
-from roseinfer.runner.sampler import SamplingBatch, sample
+from roseinfer.runner.sampler import BannedTokens, SamplingBatch, banned_pairs, sample
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 _REQUEST = attrgetter("request")
@@ -290,11 +290,15 @@ class ModelRunner:
             sched = out.scheduled
             reqs = list(map(_REQUEST, sched)) if step.one_sample_each else [sched[i].request for i in rows]
             batch = self._sampling_batch(rows, reqs) if rows else None
+            banned = self._banned(reqs) if batch is not None and batch.any_min_tokens else None
         graph_tokens = None
         with record("forward"):
             if use_graph:
-                # The graph samples one token per input row: a fork's rows are drawn outside.
-                in_graph = batch is not None and batch.in_graph and len(rows) == step.num_seqs
+                # The graph samples one token per input row: a fork's rows are drawn outside, and so are
+                # the rows of a step where some row may not draw its stop ids (min_tokens).
+                in_graph = (
+                    batch is not None and batch.in_graph and banned is None and len(rows) == step.num_seqs
+                )
                 temperature = batch.host_temperature if in_graph else None
                 seed = int(self._seeds.integers(2**62)) if temperature is not None else 0
                 logits, graph_tokens = self.graphs.run(step, self.last_sampled, temperature, seed)
@@ -324,7 +328,7 @@ class ModelRunner:
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
-                tokens = sample(logits, batch).to(torch.int32)
+                tokens = sample(logits, batch, banned).to(torch.int32)
             self.last_sampled = tokens
             if self.device.type != "cuda":
                 return StepFuture(len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each)
@@ -333,6 +337,11 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each)
+
+    def _banned(self, reqs: list[Request]) -> BannedTokens | None:
+        """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None
+        where no row is under it, so that such steps sample as fast as any."""
+        return banned_pairs([r.banned_token_ids() for r in reqs], self.cfg.vocab_size, self.device)
 
     def _sampling_batch(self, rows: list[int], reqs: list[Request]) -> SamplingBatch:
         """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same

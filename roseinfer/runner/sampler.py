@@ -1,11 +1,13 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; banned tokens.
 
-As in vLLM, a row's logits are divided by its temperature, then min-p drops the tokens less likely than min_p
-times the most likely one, then top-k and top-p cut what is left.
+As in vLLM, a row's banned tokens (its stop ids while it is under min_tokens) are set to -inf first, then its
+logits are divided by its temperature, then min-p drops the tokens less likely than min_p times the most likely
+one, then top-k and top-p cut what is left.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +37,8 @@ class SamplingBatch:
     shared_generator: torch.Generator | None = None
     # Some row draws from a generator of its own: the torch sampler serves the batch (see `_fused_sampling_for`).
     any_seeded: bool = False
+    # Some row has a min_tokens: each step asks which rows are still under it (`Request.banned_token_ids`).
+    any_min_tokens: bool = False
 
     @staticmethod
     def build(
@@ -47,6 +51,7 @@ class SamplingBatch:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         any_seeded = any(g is not None for g in generators)
+        any_min_tokens = any(p.min_tokens for p in params)
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(
                 temperature=None,
@@ -60,6 +65,7 @@ class SamplingBatch:
                 in_graph=True,
                 shared_generator=shared_generator,
                 any_seeded=any_seeded,
+                any_min_tokens=any_min_tokens,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
@@ -87,7 +93,29 @@ class SamplingBatch:
             host_temperature=np.array(temps, np.float32) if in_graph else None,
             shared_generator=shared_generator,
             any_seeded=any_seeded,
+            any_min_tokens=any_min_tokens,
         )
+
+
+# (rows, token ids) int64 [P] each: logits[rows[i], ids[i]] may not be drawn.
+BannedTokens = tuple[torch.Tensor, torch.Tensor]
+
+
+def banned_pairs(banned: Sequence[Sequence[int]], vocab: int, device: torch.device) -> BannedTokens | None:
+    """Each row's banned ids (`banned[row]`) as index pairs on `device`; ids past the vocabulary, which are
+    never drawn, are left out. None where no row bans anything."""
+    rows: list[int] = []
+    ids: list[int] = []
+    for row, tokens in enumerate(banned):
+        for t in tokens:
+            if t < vocab:
+                rows.append(row)
+                ids.append(t)
+    if not rows:
+        return None
+    pin = device.type == "cuda"
+    pairs = torch.tensor([rows, ids], dtype=torch.int64, pin_memory=pin).to(device, non_blocking=True)
+    return pairs[0], pairs[1]
 
 
 # The relative rounding allowed where a nucleus' mass meets top_p (float32 sums of float32 probabilities).
@@ -121,8 +149,11 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logits [N, V] (any float dtype) -> token ids [N] int64."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, banned: BannedTokens | None = None) -> torch.Tensor:
+    """logits [N, V] (any float dtype) -> token ids [N] int64. `banned` tokens are set to -inf in `logits`
+    (in place) before anything else: greedy rows take the argmax of the rest, sampled rows draw from it."""
+    if banned is not None:
+        logits[banned] = float("-inf")
     if _fused_sampling_for(logits, batch):
         return _sample_fused(logits, batch)
     if batch.all_greedy:  # the argmax needs no float32 copy of the logits

@@ -314,6 +314,7 @@ class Scheduler:
             parent.cache_salt,
         )
         child.parent, child.sample_index = parent, index
+        child.min_tokens_stop_ids = parent.min_tokens_stop_ids  # with eos under ignore_eos, as the parent's
         child.num_cached_tokens = parent.num_cached_tokens
         self.kv.fork(parent, child)
         child.status = RequestStatus.RUNNING

@@ -394,3 +394,53 @@ def test_the_engine_seed_fixes_unseeded_sampling_on_gpu(model_dir, params):
     first = run(0, 1)
     assert run(0, 2) == first
     assert run(1, 1) != first
+
+
+def test_min_tokens_masks_stop_ids_in_graph_steps_on_gpu(model_dir):
+    """min_tokens on the decode graphs: a step with a row under min_tokens samples outside the graph, from
+    the logits the graph (the fused lm_head + sampler where the model has one) returns, with the row's stop
+    ids at -inf; later steps sample in the graph again. Half the vocabulary stops a request: without
+    min_tokens each stops within a few tokens, with min_tokens=6 its first 6 tokens are never stop ids. In
+    float32, graphs give eager's tokens (greedy and seeded); bf16 keeps the property."""
+    model, directory = model_dir
+    vocab, k = model.config.vocab_size, 6
+    prompts = random_prompts(vocab, seed=47, lengths=[3, 17, 30, 5, 9, 64])
+    stops = list(range(0, vocab, 2))
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=1.0),
+        dict(temperature=0.8, seed=5),
+        dict(temperature=1.0, top_k=50),
+        dict(temperature=1.0, n=2),
+    ]
+
+    def check(llm: LLM, min_tokens: int) -> list[list[list[int]]]:
+        got = []
+        for kind in kinds:
+            p = SamplingParams(max_tokens=12, min_tokens=min_tokens, stop_token_ids=stops, **kind)
+            for out in llm.generate(prompts, p, use_tqdm=False):
+                for c in out.outputs:
+                    ids = c.token_ids
+                    assert all(t % 2 for t in ids[:-1]) and len(ids) > min_tokens, (kind, ids)
+                    assert (c.finish_reason == "stop") == (ids[-1] % 2 == 0), (kind, ids)
+                got.append([c.token_ids for c in out.outputs])
+        return got
+
+    runs = {}
+    for eager in (True, False):
+        llm = fp32_triton_engine(directory, eager, num_kv_blocks=256, max_num_seqs=16)
+        plain = check(llm, 0)
+        seqs = [ids for s in plain for ids in s]
+        assert sum(map(len, seqs)) < 4 * len(seqs)  # most stop within a few tokens
+        runs[eager] = check(llm, k)
+        if not eager:
+            assert llm.engine.core.runner.step_paths["decode_graph"] > 0
+        del llm
+        free_gpu()
+    per_kind = len(prompts)
+    for i, kind in enumerate(kinds):
+        if kind["temperature"] == 0.0 or "seed" in kind:
+            s = slice(i * per_kind, (i + 1) * per_kind)
+            assert runs[False][s] == runs[True][s], kind
+    llm = LLM(directory, device="cuda", dtype="bfloat16", num_kv_blocks=256, max_num_seqs=16)
+    check(llm, k)

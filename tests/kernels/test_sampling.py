@@ -43,6 +43,28 @@ def test_greedy_takes_the_first_maximum(vocab):
     assert torch.equal(zero_t.cpu(), got.cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(("rows", "vocab"), [(2, 7), (4, 300), (3, 1537)])
+def test_tokens_masked_to_minus_inf_are_never_drawn(dtype, rows, vocab):
+    """min_tokens sets a row's stop ids to -inf before this sampler reads the logits: greedy and sampled rows
+    draw what the reference draws and never a masked token, even where a masked token was the favourite and a
+    whole chunk of a row is masked."""
+    gen = generator("masked", dtype, rows, vocab)
+    logits = randn((rows, vocab), dtype, gen) * 3
+    banned = logits.float().topk(min(3, vocab - 1), dim=-1).indices
+    logits.scatter_(1, banned, float("-inf"))
+    logits[-1, : min(vocab - 1, 256)] = float("-inf")  # the first chunk (interpreter block) of a row
+    temperature = torch.rand(rows, generator=gen).to(DEVICE) + 0.5
+    temperature[0] = 0.0
+    seeds = seeds_for(rows, gen)
+    got = sample_tokens(logits, temperature, seeds)
+    want = sample_tokens_ref(logits, temperature, gumbel_noise(seeds, vocab))
+    assert torch.equal(got.cpu(), want.cpu())
+    assert torch.isfinite(logits[torch.arange(rows, device=DEVICE), got].float()).all()
+    greedy = sample_tokens(logits, None, None)
+    assert torch.equal(greedy.cpu(), logits.float().argmax(dim=-1).cpu())
+
+
 @triton.jit
 def _exponential_kernel(u_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
-from roseinfer.runner.sampler import SamplingBatch, apply_top_k_top_p, sample
+from roseinfer.runner.sampler import SamplingBatch, apply_top_k_top_p, banned_pairs, sample
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -136,3 +137,83 @@ def test_min_p_applies_before_top_p_as_in_vllm():
     # with top-k the two orders agree: min-p keeps 0 and 1, top-k 2 both of them
     p = SamplingParams(temperature=0.5, min_p=0.1, top_k=2)
     assert_follows(counts_of(probs.log()[None], p, 6000, seed=4), [0.8, 0.2] + [0.0] * 50)
+
+
+# -- banned tokens (min_tokens) ---------------------------------------------------------------------
+
+BAN_PARAMS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature": SamplingParams(temperature=0.7),
+    "top_k": SamplingParams(temperature=1.0, top_k=3),
+    "top_p": SamplingParams(temperature=1.0, top_p=0.5),
+    "min_p": SamplingParams(temperature=1.0, min_p=0.5),
+}
+
+
+def bans_for(logits: torch.Tensor, gen: torch.Generator) -> list[list[int]]:
+    """Every other row bans its two most likely tokens and a few random ones (some repeated); the rest ban
+    nothing."""
+    n, vocab = logits.shape
+    top2 = logits.topk(min(2, vocab - 1), dim=-1).indices
+    bans: list[list[int]] = []
+    for row in range(n):
+        if row % 2:
+            bans.append([])
+            continue
+        extra = torch.randint(0, vocab, (3,), generator=gen).tolist()
+        bans.append(top2[row].tolist() + extra + extra[:1])
+    return bans
+
+
+def masked_copy(logits: torch.Tensor, bans: list[list[int]]) -> torch.Tensor:
+    out = logits.clone()
+    for row, ids in enumerate(bans):
+        for t in ids:
+            out[row, t] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(BAN_PARAMS))
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 7), (4, 50), (9, 384), (3, 2049)])
+def test_banned_tokens_are_never_drawn_and_the_rest_as_if_masked(kind, rows, vocab):
+    """`sample` with banned (row, token) pairs draws what it draws from logits with those set to -inf: the
+    same tokens for the same noise (greedy rows: the argmax of the rest), never a banned token."""
+    gen = torch.Generator().manual_seed(rows * 1000 + vocab)
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    bans = bans_for(logits, gen)
+    mixed = [BAN_PARAMS[kind] if i % 3 else SamplingParams(temperature=0.0) for i in range(rows)]
+    for params in ([BAN_PARAMS[kind]] * rows, mixed):
+        for seed in range(3):
+            want_batch = batch_of(params, vocab)
+            want_batch.shared_generator = torch.Generator().manual_seed(seed)
+            want = sample(masked_copy(logits, bans), want_batch)
+            batch = batch_of(params, vocab)
+            batch.shared_generator = torch.Generator().manual_seed(seed)
+            got = sample(logits.clone(), batch, banned_pairs(bans, vocab, logits.device))
+            assert torch.equal(got, want)
+            for row, ids in enumerate(bans):
+                assert int(got[row]) not in ids
+    greedy = sample(
+        logits.clone(),
+        batch_of([BAN_PARAMS["greedy"]] * rows, vocab),
+        banned_pairs(bans, vocab, logits.device),
+    )
+    assert torch.equal(greedy, masked_copy(logits, bans).argmax(-1))
+
+
+def test_banned_pairs_skip_rows_with_nothing_and_ids_past_the_vocabulary():
+    assert banned_pairs([[], []], 10, torch.device("cpu")) is None
+    assert banned_pairs([[10, 11]], 10, torch.device("cpu")) is None
+    rows, ids = banned_pairs([[], [3, 12, 4], [9]], 10, torch.device("cpu"))
+    assert rows.tolist() == [1, 1, 2] and ids.tolist() == [3, 4, 9]
+
+
+def test_a_banned_token_leaves_the_others_their_odds():
+    """A sampled row with its favourite banned draws the others in proportion to their probabilities."""
+    probs = torch.tensor([0.6, 0.2, 0.1, 0.1])
+    n = 6000
+    rows = probs.log().expand(n, -1).clone()
+    batch = batch_of([SamplingParams(temperature=1.0)] * n, 4)
+    batch.shared_generator = torch.Generator().manual_seed(5)
+    got = sample(rows, batch, banned_pairs([[0]] * n, 4, torch.device("cpu")))
+    assert_follows(torch.bincount(got, minlength=4).double(), [0.0, 0.5, 0.25, 0.25])
