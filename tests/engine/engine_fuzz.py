@@ -1,13 +1,14 @@
 """A randomized LLMEngine driver: tiny pools, prefix caching on/off, pins, identical prompts, greedy n > 1,
 chunked prefill under small budgets, aborts at random points, requests that can never fit, every mode and
-admission policy, sync and async. Invariants after every step; greedy output against a reference engine with
-every cache feature off."""
+admission policy, sync and async, min_tokens holding off a stop id the request would generate. Invariants after
+every step; greedy output against a reference engine with every cache feature off."""
 
 from __future__ import annotations
 
 import gc
 import random
 import weakref
+from dataclasses import replace
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.request import Request
@@ -29,13 +30,14 @@ class Reference:
         self.memo: dict[tuple, list[int]] = {}
 
     def __call__(self, prompt: list[int], params: SamplingParams) -> list[int]:
-        key = (tuple(prompt), params.max_tokens, tuple(params.stop_token_ids))
+        key = (tuple(prompt), params.max_tokens, tuple(params.stop_token_ids), params.min_tokens)
         if key not in self.memo:
             p = SamplingParams(
                 temperature=0.0,
                 max_tokens=params.max_tokens,
                 ignore_eos=True,
                 stop_token_ids=params.stop_token_ids,
+                min_tokens=params.min_tokens,
             )
             self.memo[key] = self.llm.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids
         return self.memo[key]
@@ -100,6 +102,15 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
                 ignore_eos=True,
                 stop_token_ids=[rng.randint(3, 300)] if rng.random() < 0.2 else [],
             )
+            # From a stream of its own, so that the cases' other draws stay as they were: a stop id the
+            # request generates, held off by a min_tokens (its count must survive preemption and chunks).
+            extra = random.Random(seed * 1_000_003 + i)
+            if extra.random() < 0.3:
+                free = ref(prompt, replace(params, stop_token_ids=[], min_tokens=0))
+                stop = free[extra.randrange(len(free))]
+                params = replace(
+                    params, stop_token_ids=[stop], min_tokens=extra.randint(0, params.max_tokens)
+                )
             rid = f"r{i}"
             try:
                 eng.add_request(prompt, params, request_id=rid)

@@ -1,8 +1,9 @@
-"""Async vs sync on many small configurations (greedy, seeded, stops, n > 1, tiny pools, modes)."""
+"""Async vs sync on many small configurations (greedy, seeded, stops, min_tokens, n > 1, tiny pools, modes)."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -46,6 +47,12 @@ def case(seed: int):
             )
         else:
             sp = SamplingParams(temperature=0.0, max_tokens=mt, stop_token_ids=[rng.randint(0, 127)])
+        # From a stream of its own, so that the cases' other draws stay as they were: half the vocabulary
+        # as stop ids, held off by a min_tokens that async scheduling must count as the sync loop does.
+        extra = random.Random(seed * 1_000_003 + i)
+        if extra.random() < 0.4:
+            stops = sp.stop_token_ids + list(range(extra.randint(0, 1), 384, 2))
+            sp = replace(sp, stop_token_ids=stops, min_tokens=extra.randint(0, mt))
         params.append(sp)
     return kw, prompts, params
 
