@@ -90,3 +90,36 @@ def test_a_refused_input_is_one_line_on_stderr_not_a_traceback(capsys, monkeypat
     monkeypatch.setenv("ROSEINFER_TRACEBACK", "1")  # for whoever debugs it
     with pytest.raises(ValueError, match="built-in shape without weights"):
         main(["generate", "--model", "qwen2.5-0.5b"])
+
+
+def _greedy_ids(capsys, *flags: str) -> list[int]:
+    assert main(["generate", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", *flags]) == 0
+    return [int(t) for t in capsys.readouterr().out.strip().split(",")]
+
+
+def test_generate_takes_stop_token_ids_and_min_tokens(capsys):
+    free = _greedy_ids(capsys)
+    assert len(free) == 6
+    stop = str(free[0])
+    # The first token stops it; with --min-tokens 4 it may not be drawn among the first four.
+    assert _greedy_ids(capsys, "--stop-token-ids", stop) == free[:1]
+    held = _greedy_ids(capsys, "--stop-token-ids", stop, "--min-tokens", "4")
+    assert len(held) >= 4 and free[0] not in held[:4]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--min-tokens", "-1"], "argument --min-tokens:"),
+        (["--stop-token-ids", "1,x"], "argument --stop-token-ids:"),
+    ],
+)
+def test_bad_stop_flags_are_argparse_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_stop_string_needs_a_tokenizer(capsys):
+    assert main(["generate", "--stop", "###"]) == 2
+    assert "stop strings need a tokenizer" in capsys.readouterr().err

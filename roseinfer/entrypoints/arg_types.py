@@ -8,15 +8,35 @@ import argparse
 import torch
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (token counts, request counts, warm-up sizes)."""
+def _int_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from e
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (token counts, request counts, warm-up sizes)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (min_tokens)."""
+    return _int_at_least(text, 0)
+
+
+def token_ids(text: str) -> list[int]:
+    """Comma- (or space-) separated token ids >= 0."""
+    try:
+        ids = [int(t) for t in text.replace(" ", ",").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+    if any(t < 0 for t in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return ids
 
 
 def power_of_two(text: str) -> int:

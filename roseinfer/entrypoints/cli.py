@@ -15,7 +15,13 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from roseinfer.config import DTYPE_CHOICES
-from roseinfer.entrypoints.arg_types import positive_int, power_of_two, torch_device
+from roseinfer.entrypoints.arg_types import (
+    non_negative_int,
+    positive_int,
+    power_of_two,
+    token_ids,
+    torch_device,
+)
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
@@ -56,13 +62,6 @@ def _bench_module(name: str) -> ModuleType:
 # -- generate --------------------------------------------------------------------------------------
 
 
-def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.replace(" ", ",").split(",") if t]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--prompt-ids must be comma-separated integers: {e}") from e
-
-
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -73,7 +72,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None)
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help="prompt text (needs a tokenizer)")
-    prompt.add_argument("--prompt-ids", type=_parse_ids, default=None, help="comma-separated token ids")
+    prompt.add_argument("--prompt-ids", type=token_ids, default=None, help="comma-separated token ids")
     parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -81,6 +80,18 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument(
+        "--stop", action="append", default=None, help="a stop string (repeatable; needs a tokenizer)"
+    )
+    parser.add_argument(
+        "--stop-token-ids", type=token_ids, default=[], help="comma-separated ids that stop it"
+    )
+    parser.add_argument(
+        "--min-tokens",
+        type=non_negative_int,
+        default=0,
+        help="tokens before a stop id, eos or stop string counts",
+    )
     parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=power_of_two, default=16)
@@ -144,6 +155,9 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
+        stop=args.stop,
+        stop_token_ids=args.stop_token_ids,
+        min_tokens=args.min_tokens,
     )
     out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
     device = llm.engine.config.device
