@@ -276,7 +276,12 @@ class EngineConfig:
     prefill_key_splits: bool = True
     seed: int = 0
     max_model_len: int = 0  # 0: the model's max_position_embeddings
+    # As vLLM's: the most logprobs a request may ask for a token (SamplingParams.logprobs, -1 counting as the
+    # vocabulary's size); -1: no cap.
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be an int >= 0, or -1 (no cap), got {self.max_logprobs!r}")
         if self.mixed_graph_max_tokens is not None and self.mixed_graph_max_tokens < 0:
             raise ValueError(f"mixed_graph_max_tokens must be >= 0, got {self.mixed_graph_max_tokens}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from roseinfer.logprobs import SampleLogprobs
+
 
 @dataclass
 class CompletionOutput:
@@ -13,6 +15,10 @@ class CompletionOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     # The stop string or stop token id that ended it; None for eos, length, abort or still running (as vLLM).
     stop_reason: str | int | None = None
+    # With SamplingParams.logprobs: one dict per token of token_ids (the sampled token, then the top-k of the
+    # raw logits' log_softmax), and the sum of the sampled tokens' logprobs. None without it (as vLLM).
+    logprobs: SampleLogprobs | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass

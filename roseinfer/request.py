@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 
+from roseinfer.logprobs import TokenLogprobs
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -56,6 +57,10 @@ class Request:
         )
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
+        # With params.logprobs: what the sampler gave for each output token, and the sum of their logprobs.
+        wants_logprobs = params.logprobs is not None
+        self.logprobs: list[TokenLogprobs] | None = [] if wants_logprobs else None
+        self.cumulative_logprob: float | None = 0.0 if wants_logprobs else None
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # the block table, in token order
         self.table_row = -1  # its row in the KV cache manager's block-table mirror (`kv/block_tables.py`)
@@ -101,11 +106,29 @@ class Request:
     def finish_reason(self) -> str | None:
         return self.status.value if self.status.finished else None
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.logprobs is not None:
+            if logprobs is None or logprobs.token_ids[0] != token_id:
+                raise RuntimeError(f"{self} wants logprobs, but token {token_id} came with {logprobs}")
+            self.logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs.logprobs[0]  # type: ignore[operator]
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
+
+    def drop_last_tokens(self, count: int) -> None:
+        """Forgets the last `count` output tokens (generated past a stop string), and their logprobs."""
+        if count <= 0:
+            return
+        del self.output_token_ids[-count:]
+        del self.all_token_ids[-count:]
+        if self.logprobs is not None:
+            del self.logprobs[-count:]
+            total = 0.0
+            for entry in self.logprobs:  # summed in order, as appended
+                total += entry.logprobs[0]
+            self.cumulative_logprob = total
 
     def check_stop_token(self, max_model_len: int) -> RequestStatus | None:
         """Stop conditions that need no text: stop/eos token ids (as vLLM, not before min_tokens), max_tokens,

@@ -35,11 +35,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # As vLLM v1: until a sequence has generated min_tokens tokens, its stop token ids and the eos ids
     # (even under ignore_eos) are not sampled, and no stop string that ends in the first min_tokens
-    # tokens' text stops it. Last, so that the fields before it keep their positions.
+    # tokens' text stops it. After the older fields, so that they keep their positions.
     min_tokens: int = 0
+    # As vLLM v1: for each generated token, the logprobs of the sampled token and of the `logprobs` most likely
+    # ones (-1: the whole vocabulary), from the log_softmax of the raw logits (before temperature, min_tokens,
+    # min-p, top-k, top-p): CompletionOutput.logprobs and cumulative_logprob. None: off.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "max_tokens", "min_tokens", "n", "seed"):
+        for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs"):
             setattr(self, name, _plain_int(getattr(self, name)))
         for name in ("temperature", "top_p", "min_p"):
             value = _plain_float(getattr(self, name))
@@ -62,6 +66,12 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < -1
+        ):
+            raise ValueError(
+                f"logprobs must be None, an int >= 0, or -1 (the whole vocabulary), got {self.logprobs!r}"
+            )
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.seed is not None and not isinstance(self.seed, int):

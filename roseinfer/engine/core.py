@@ -112,7 +112,7 @@ class EngineCore:
         sampled = future.result()
         self.stats.device_wait_time += time.perf_counter() - t0
         with record("update"):
-            got, finished = self.scheduler.update_from_output(out, sampled)
+            got, finished = self.scheduler.update_from_output(out, sampled, future.logprobs())
         for req in finished:
             self.runner.release(req)
         return got, finished

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -15,6 +16,7 @@ from torch import nn
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.core import EngineCore
+from roseinfer.logprobs import SampleLogprobs, TokenLogprobs, position_logprobs
 from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
@@ -28,6 +30,12 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = self._load_tokenizer(config, model_path)
+        # A token's text decoded alone (Logprob.decoded_token, as vLLM's), remembered: top-k ids recur. A closure
+        # over the tokenizer, not a bound method: a dropped engine must not wait in a cycle for the collector.
+        tokenizer = self.tokenizer
+        self.token_text = (
+            functools.cache(lambda token_id: tokenizer.decode([token_id])) if tokenizer is not None else None
+        )
         # As vLLM: the tokenizer's eos stops too, beside config.json's and generation_config.json's.
         tok_eos = getattr(self.tokenizer, "eos_token_id", None)
         eos = self.model_config.eos_token_ids
@@ -62,6 +70,7 @@ class LLMEngine:
         params = replace(params)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
+        self._check_logprobs(params)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")
@@ -103,6 +112,19 @@ class LLMEngine:
                 f"of {pool_tokens} tokens ({self.core.num_blocks} blocks)"
             )
         return ids, params
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """As vLLM: at most `max_logprobs` a token, -1 (the whole vocabulary) and a cap of -1 counting as the
+        vocabulary's size."""
+        vocab = self.model_config.vocab_size
+        cap = vocab if self.config.max_logprobs == -1 else self.config.max_logprobs
+        if params.logprobs:
+            asked = vocab if params.logprobs == -1 else params.logprobs
+            if asked > cap:
+                raise ValueError(
+                    f"logprobs={params.logprobs} asks for {asked} logprobs a token; this engine returns at "
+                    f"most {cap} (max_logprobs={self.config.max_logprobs}; -1: the vocabulary, {vocab})"
+                )
 
     def _run_to_limit(self, params: SamplingParams, prompt_len: int, cache_tokens: int) -> SamplingParams:
         """`max_tokens=None` resolved: as many tokens as the context and `cache_tokens` leave the prompt. A larger
@@ -233,13 +255,17 @@ class LLMEngine:
 
 
 class _Sequence:
-    """One sample's text state, kept outside the step loop."""
+    """One sample's text state, and its logprob dicts, kept outside the step loop."""
 
-    def __init__(self, req: Request, detok: Any | None) -> None:
+    def __init__(self, req: Request, detok: Any | None, engine: LLMEngine) -> None:
         self.req = req
         self.detok = detok
         self.text = ""
         self.num_seen = 0  # output tokens already detokenized
+        self.logprobs: SampleLogprobs = []  # one dict per output token, built as outputs are made
+        k = req.params.logprobs
+        self.num_logprobs = engine.model_config.vocab_size if k == -1 else k or 0
+        self.decode = engine.token_text
 
     def on_token(self, engine: LLMEngine) -> None:
         """Takes every output token not seen yet, in order: with async scheduling one engine step can
@@ -275,10 +301,7 @@ class _Sequence:
         hit, stop = min(found)
         self.text = self.text[: hit + len(stop) if req.params.include_stop_str_in_output else hit]
         req.stop_reason = stop
-        extra = len(req.output_token_ids) - self.num_seen  # generated past the stop in the same step
-        if extra:
-            del req.output_token_ids[-extra:]
-            del req.all_token_ids[-extra:]
+        req.drop_last_tokens(len(req.output_token_ids) - self.num_seen)  # generated past the stop meanwhile
         if req.is_finished:
             req.status = RequestStatus.FINISHED_STOPPED
         else:
@@ -294,7 +317,19 @@ class _Sequence:
         if req.params.stop and not req.params.include_stop_str_in_output and not req.is_finished:
             # As vLLM: hold back what could still begin a stop string, so streamed text is never cut back.
             text = text[: max(len(text) - max(len(s) for s in req.params.stop) + 1, 0)]
-        return CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
+        out = CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
+        if req.logprobs is not None:
+            out.logprobs = self._logprobs(req.logprobs)
+            out.cumulative_logprob = req.cumulative_logprob
+        return out
+
+    def _logprobs(self, raw: list[TokenLogprobs]) -> SampleLogprobs:
+        """One dict per output token (as vLLM, each token's text decoded alone), built once per token: a
+        streamed output's list extends the one before."""
+        del self.logprobs[len(raw) :]  # tokens dropped past a stop string (never shown yet)
+        for entry in raw[len(self.logprobs) :]:
+            self.logprobs.append(position_logprobs(entry, self.num_logprobs, self.decode))
+        return list(self.logprobs)
 
 
 class _Group:
@@ -303,12 +338,12 @@ class _Group:
     def __init__(self, req: Request, engine: LLMEngine) -> None:
         self.root = req
         self.engine = engine
-        self.seqs = [_Sequence(req, engine.detokenizer(req))]
+        self.seqs = [_Sequence(req, engine.detokenizer(req), engine)]
         self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
-            self.seqs.append(_Sequence(req, self.engine.detokenizer(req)))
+            self.seqs.append(_Sequence(req, self.engine.detokenizer(req), self.engine))
         if self.has_text:
             self.seqs[req.sample_index].on_token(self.engine)
 

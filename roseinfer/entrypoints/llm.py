@@ -54,6 +54,7 @@ def make_engine_config(
     pdl_decode: bool = True,
     prefill_key_splits: bool = True,
     seed: int = 0,
+    max_logprobs: int = 20,
 ) -> tuple[EngineConfig, str]:
     path = resolve_model_path(model, need_weights=load_format != "dummy")
     model_config = ModelConfig.from_path(path)
@@ -105,6 +106,7 @@ def make_engine_config(
         prefill_key_splits=prefill_key_splits,
         seed=seed,
         max_model_len=max_len,
+        max_logprobs=max_logprobs,
     )
     return config, path
 

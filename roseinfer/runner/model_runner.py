@@ -15,6 +15,7 @@ from roseinfer.config import EngineConfig
 from roseinfer.kernels.pdl import pdl_supported
 from roseinfer.kernels.prefill_plan import TilePlanner
 from roseinfer.kv.cache_dtype import check_fp8_cache_support, resolve_kv_cache_dtype
+from roseinfer.logprobs import TokenLogprobs
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
@@ -22,7 +23,15 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
-from roseinfer.runner.sampler import BannedTokens, SamplingBatch, banned_pairs, sample
+from roseinfer.runner.sampler import (
+    BannedTokens,
+    SamplingBatch,
+    banned_pairs,
+    compute_logprobs,
+    gather_logprobs,
+    sample,
+    unpack_logprobs,
+)
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 _REQUEST = attrgetter("request")
@@ -30,7 +39,7 @@ _UID = attrgetter("uid")
 
 
 class StepFuture:
-    """A launched step's sampled tokens, on their way to the host."""
+    """A launched step's sampled tokens (and their logprobs where some row asked), on their way to the host."""
 
     def __init__(
         self,
@@ -39,12 +48,14 @@ class StepFuture:
         tokens: torch.Tensor | None,
         done: torch.cuda.Event | None,
         one_each: bool = False,
+        logprobs: torch.Tensor | None = None,
     ) -> None:
         self.num_scheduled = num_scheduled
         self.rows = rows  # the scheduled request of each sampled token
         self.one_each = one_each  # rows are 0 .. num_scheduled - 1: each request sampled once
         self.tokens = tokens  # host tensor, valid once `done` has passed
         self.done = done
+        self.packed_logprobs = logprobs  # host tensor, `gather_logprobs`' rows, copied before `done`
 
     def result(self) -> list[list[int]]:
         """Waits for the step; returns the tokens of each scheduled request (empty where it did not sample)."""
@@ -54,11 +65,23 @@ class StepFuture:
             if self.done is not None:
                 self.done.synchronize()
             tokens = self.tokens.tolist()
+        return self._by_request(tokens)
+
+    def logprobs(self) -> list[list[TokenLogprobs]] | None:
+        """After `result`: each scheduled request's tokens' logprobs, in the same order; None where the step
+        computed none (no sampled row asked)."""
+        if self.packed_logprobs is None:
+            return None
+        if self.done is not None:
+            self.done.synchronize()  # no wait: `result` waited for this event, which the copy precedes
+        return self._by_request(unpack_logprobs(self.packed_logprobs.numpy()))
+
+    def _by_request(self, per_row: list) -> list[list]:
         if self.one_each:
-            return [[tok] for tok in tokens]
-        out: list[list[int]] = [[] for _ in range(self.num_scheduled)]
-        for i, tok in zip(self.rows, tokens):
-            out[i].append(tok)
+            return [[x] for x in per_row]
+        out: list[list] = [[] for _ in range(self.num_scheduled)]
+        for i, x in zip(self.rows, per_row):
+            out[i].append(x)
         return out
 
 
@@ -325,18 +348,29 @@ class ModelRunner:
                 if i != previous:
                     r.pending_row = k
                     previous = i
+            # Logprobs of the raw logits, taken before `sample` masks banned tokens in them; the draw is the
+            # same with or without them (in the graph or out of it).
+            k = batch.num_logprobs
+            raw = None if k is None else compute_logprobs(logits)
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
                 tokens = sample(logits, batch, banned).to(torch.int32)
             self.last_sampled = tokens
+            packed = None if k is None or raw is None else gather_logprobs(raw, tokens, k)
             if self.device.type != "cuda":
-                return StepFuture(len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each)
+                return StepFuture(
+                    len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each, packed
+                )
             host = torch.empty(tokens.shape, dtype=torch.int32, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
+            host_logprobs = None
+            if packed is not None:  # with the tokens, before the same event
+                host_logprobs = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
+                host_logprobs.copy_(packed, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each)
+        return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each, host_logprobs)
 
     def _banned(self, reqs: list[Request]) -> BannedTokens | None:
         """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None

@@ -1,8 +1,11 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; banned tokens.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; banned tokens;
+sample logprobs.
 
 As in vLLM, a row's banned tokens (its stop ids while it is under min_tokens) are set to -inf first, then its
 logits are divided by its temperature, then min-p drops the tokens less likely than min_p times the most likely
-one, then top-k and top-p cut what is left.
+one, then top-k and top-p cut what is left. Logprobs, as vLLM v1's default `raw_logprobs`, are the log_softmax of
+the logits before any of that (`compute_logprobs`), gathered for the sampled tokens and the top k
+(`gather_logprobs`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from roseinfer.logprobs import TokenLogprobs
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -39,6 +43,9 @@ class SamplingBatch:
     any_seeded: bool = False
     # Some row has a min_tokens: each step asks which rows are still under it (`Request.banned_token_ids`).
     any_min_tokens: bool = False
+    # The most logprobs any row asks for a token (-1 resolved to the vocabulary); None: no row asks, and the
+    # step computes none.
+    num_logprobs: int | None = None
 
     @staticmethod
     def build(
@@ -52,6 +59,8 @@ class SamplingBatch:
         all_greedy = all(greedy)
         any_seeded = any(g is not None for g in generators)
         any_min_tokens = any(p.min_tokens for p in params)
+        asked = [vocab_size if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
+        num_logprobs = min(max(asked), vocab_size) if asked else None
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(
                 temperature=None,
@@ -66,6 +75,7 @@ class SamplingBatch:
                 shared_generator=shared_generator,
                 any_seeded=any_seeded,
                 any_min_tokens=any_min_tokens,
+                num_logprobs=num_logprobs,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
@@ -94,6 +104,7 @@ class SamplingBatch:
             shared_generator=shared_generator,
             any_seeded=any_seeded,
             any_min_tokens=any_min_tokens,
+            num_logprobs=num_logprobs,
         )
 
 
@@ -116,6 +127,34 @@ def banned_pairs(banned: Sequence[Sequence[int]], vocab: int, device: torch.devi
     pin = device.type == "cuda"
     pairs = torch.tensor([rows, ids], dtype=torch.int64, pin_memory=pin).to(device, non_blocking=True)
     return pairs[0], pairs[1]
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] (any float dtype, as the model gave them) -> their log_softmax [N, V] in float32."""
+    return logits.log_softmax(dim=-1, dtype=torch.float32)
+
+
+def gather_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """From each row's logprobs [N, V] (float32) and sampled token [N]: the token's logprob and rank (how many
+    tokens are at least as likely, as vLLM counts), and the row's k most likely ids and logprobs. Packed in one
+    int32 tensor [N, 2k + 3], so that one copy takes it to the host: ids (sampled, then top k), the logprobs'
+    float32 bits in the same order, the rank (`unpack_logprobs` reads it)."""
+    sampled = tokens.long().unsqueeze(1)
+    sampled_logprob = logprobs.gather(1, sampled)
+    rank = (logprobs >= sampled_logprob).sum(dim=-1, dtype=torch.int32).unsqueeze(1)
+    top_logprobs, top_ids = logprobs.topk(k, dim=-1)
+    ids = torch.cat((sampled, top_ids), dim=1).to(torch.int32)
+    values = torch.cat((sampled_logprob, top_logprobs), dim=1)
+    return torch.cat((ids, values.view(torch.int32), rank), dim=1)
+
+
+def unpack_logprobs(packed: np.ndarray) -> list[TokenLogprobs]:
+    """`gather_logprobs`' rows, on the host, as one `TokenLogprobs` each."""
+    k1 = (packed.shape[1] - 1) // 2  # k + 1
+    ids = packed[:, :k1].tolist()
+    values = packed[:, k1 : 2 * k1].view(np.float32).tolist()
+    ranks = packed[:, -1].tolist()
+    return [TokenLogprobs(i, v, r) for i, v, r in zip(ids, values, ranks)]
 
 
 # The relative rounding allowed where a nucleus' mass meets top_p (float32 sums of float32 probabilities).

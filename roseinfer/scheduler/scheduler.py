@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.block_tables import BlockTables
 from roseinfer.kv.manager import KVCacheManager
+from roseinfer.logprobs import TokenLogprobs
 from roseinfer.request import Request, RequestStatus
 from roseinfer.scheduler.policy import AdmissionPolicy
 
@@ -264,16 +265,20 @@ class Scheduler:
         return ScheduledRequest(req, num_new, req.params.n)  # the prompt's end: n > 1 forks here
 
     def update_from_output(
-        self, out: SchedulerOutput, sampled: list[list[int]]
+        self,
+        out: SchedulerOutput,
+        sampled: list[list[int]],
+        logprobs: list[list[TokenLogprobs]] | None = None,
     ) -> tuple[list[Request], list[Request]]:
-        """`sampled[i]` holds the tokens for `out.scheduled[i]` (empty where it did not sample).
+        """`sampled[i]` holds the tokens for `out.scheduled[i]` (empty where it did not sample), and
+        `logprobs[i]` their logprobs where the step computed any (some sampled row asked for them).
 
         Returns (requests that got a token, requests that finished); n > 1 forks appear in the first.
         """
         got, finished = [], []
         running, max_len = RequestStatus.RUNNING, self.max_model_len
         register = self.kv.register_computed
-        for s, tokens in zip(out.scheduled, sampled, strict=True):
+        for i, (s, tokens) in enumerate(zip(out.scheduled, sampled, strict=True)):
             req = s.request
             if len(tokens) != s.num_samples:
                 raise ValueError(f"{req} sampled {len(tokens)} tokens, {s.num_samples} were scheduled")
@@ -291,10 +296,11 @@ class Scheduler:
                     self.kv.on_prompt_computed(req)
             if not tokens:
                 continue
-            family = [req] + [self._fork(req, i) for i in range(1, len(tokens))]
-            for member, token in zip(family, tokens):
+            family = [req] + [self._fork(req, j) for j in range(1, len(tokens))]
+            step_logprobs = logprobs[i] if logprobs is not None else None
+            for j, (member, token) in enumerate(zip(family, tokens)):
                 got.append(member)
-                member.append_token(token)
+                member.append_token(token, step_logprobs[j] if step_logprobs is not None else None)
                 status = member.check_stop_token(max_len)
                 if status is not None:
                     self.finish(member, status)

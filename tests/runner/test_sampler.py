@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roseinfer.runner.sampler import SamplingBatch, apply_top_k_top_p, banned_pairs, sample
+from roseinfer.runner.sampler import (
+    SamplingBatch,
+    apply_top_k_top_p,
+    banned_pairs,
+    compute_logprobs,
+    gather_logprobs,
+    sample,
+    unpack_logprobs,
+)
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -217,3 +225,41 @@ def test_a_banned_token_leaves_the_others_their_odds():
     batch.shared_generator = torch.Generator().manual_seed(5)
     got = sample(rows, batch, banned_pairs([[0]] * n, 4, torch.device("cpu")))
     assert_follows(torch.bincount(got, minlength=4).double(), [0.0, 0.5, 0.25, 0.25])
+
+
+# -- logprobs -------------------------------------------------------------------------------------
+
+
+def test_logprobs_of_half_precision_logits_are_float32():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    got = compute_logprobs(logits)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, logits.float().log_softmax(dim=-1))
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_gathered_logprobs_hold_the_sampled_token_then_the_top_k(k):
+    """Per row: the sampled token's logprob and rank (the number of tokens at least as likely, so a token
+    tied with a better one shares its worse rank, as vLLM counts), then the k best ids and logprobs."""
+    logits = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 0.5, 2.0, -1.0],  # token 2 tied with token 1 for the top
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # all tied: every token ranks last
+            [5.0, 4.0, 3.0, 2.0, 1.0, 0.0],  # the worst token sampled
+        ]
+    )
+    tokens = torch.tensor([2, 3, 5], dtype=torch.int32)
+    lp = compute_logprobs(logits)
+    packed = gather_logprobs(lp, tokens, k)
+    assert packed.dtype == torch.int32
+    rows = unpack_logprobs(packed.numpy())
+    assert [r.rank for r in rows] == [2, 6, 6]
+    for row, r in enumerate(rows):
+        assert len(r.token_ids) == len(r.logprobs) == k + 1
+        assert r.token_ids[0] == tokens[row] and r.logprobs[0] == float(lp[row, tokens[row]])
+        values = lp[row].topk(k).values
+        assert r.logprobs[1:] == values.tolist()
+        assert lp[row, r.token_ids[1:]].tolist() == values.tolist()
+        assert all(isinstance(t, int) for t in r.token_ids) and all(isinstance(v, float) for v in r.logprobs)
+    if k >= 2:
+        assert set(rows[0].token_ids[1:3]) == {1, 2} and rows[2].token_ids[1:] == list(range(k))
