@@ -50,7 +50,8 @@ def run_random_stream(
 
     for _step in range(400):
         if rng.random() < 0.3 and next_id < 40:
-            max_tokens = rng.randint(1, 12)
+            # As the front door: prompt + max_tokens fits the pool (else it could never run again once preempted).
+            max_tokens = min(rng.randint(1, 12), pool_tokens - 1)
             prompt_len = rng.randint(1, max(1, min(40, pool_tokens - max_tokens)))
             params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[7] if rng.random() < 0.3 else [])
             req = Request(str(next_id), [rng.randint(10, 99) for _ in range(prompt_len)], params)
