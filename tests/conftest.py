@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,6 +33,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker(marker) is not None:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------
+# Invariants after every step
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def check_invariants_every_step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every scheduler and engine a test steps checks the invariants (tests/invariants.py): after each
+    schedule(), before the step's KV writes, each written block's writer holds it alone; after each engine
+    step or abort, finished requests hold nothing and an idle engine nothing but its pins. A test that breaks
+    the engine's state on purpose opts out with `@pytest.mark.no_invariant_hook`."""
+    if request.node.get_closest_marker("no_invariant_hook") is not None:
+        return
+    from roseinfer.engine.core import EngineCore
+    from roseinfer.engine.llm_engine import LLMEngine
+    from roseinfer.scheduler.scheduler import Scheduler
+    from tests import invariants
+
+    schedule, core_step = Scheduler.schedule, EngineCore.step
+    engine_step, abort = LLMEngine.step, LLMEngine.abort_request
+
+    def checked_schedule(self: Scheduler) -> Any:
+        out = schedule(self)
+        invariants.check_scheduled(self, out)
+        return out
+
+    def checked_core_step(self: EngineCore) -> Any:
+        got, finished = core_step(self)
+        invariants.check_holds_nothing(self, finished)
+        invariants.check_core(self)
+        return got, finished
+
+    def checked_engine_step(self: LLMEngine, final_only: bool = False) -> Any:
+        outputs = engine_step(self, final_only)
+        invariants.check_engine(self)
+        return outputs
+
+    def checked_abort(self: LLMEngine, request_id: Any) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        roots = [group.root for rid in ids if (group := self.groups.get(rid)) is not None]
+        abort(self, ids)
+        invariants.check_aborted(self, roots)
+        invariants.check_engine(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", checked_schedule)
+    monkeypatch.setattr(EngineCore, "step", checked_core_step)
+    monkeypatch.setattr(LLMEngine, "step", checked_engine_step)
+    monkeypatch.setattr(LLMEngine, "abort_request", checked_abort)
 
 
 # ---------------------------------------------------------------------------
