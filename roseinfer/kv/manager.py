@@ -277,7 +277,7 @@ class KVCacheManager:
         self, requests: Iterable[Request], writers: Sequence[tuple[Request, int]] = ()
     ) -> None:
         """Conservation, ref counts = holders, free queue = unreferenced; `writers` (request, first write
-        position) must hold their write blocks alone."""
+        position in each block it writes) must hold their write blocks alone, each block written by one."""
         requests = list(requests)
         holders: dict[int, int] = {}
         for req in requests:
@@ -294,11 +294,16 @@ class KVCacheManager:
         held = sum(1 for rc in self.pool.ref_counts if rc > 0)
         if held + self.pool.num_free != self.pool.num_blocks:
             raise AssertionError("conservation: held + free != pool size")
+        # Spelled out rather than asked of `_must_copy`, which is what this checks.
+        rc, cached, cached_len = self.pool.ref_counts, self.pool.block_hash, self.pool.cached_len
+        writer: dict[int, Request] = {}
         for req, pos in writers:
             b = req.block_ids[pos // self.block_size]
+            if writer.setdefault(b, req) is not req:
+                raise AssertionError(f"{req} and {writer[b]} both write block {b} in one step")
             if (
-                self._must_copy(b)
+                (rc[b] > 1 or cached[b] is not None)
                 and b not in self.fresh
-                and not self._owns_past_cached(b, pos % self.block_size)
+                and not (rc[b] == 1 and pos % self.block_size >= cached_len[b])
             ):
                 raise AssertionError(f"{req} writes block {b} that others can read")

@@ -32,6 +32,18 @@ def test_every_schedule_is_checked() -> None:
         sched.schedule()
 
 
+def test_a_skipped_copy_on_write_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n = 2: both samples share the partial prompt block; a manager that never copies lets them write it."""
+    monkeypatch.setattr(KVCacheManager, "_must_copy", lambda self, block: False)
+    sched = make()
+    sched.add_request(Request("a", [1, 2, 3, 4, 5], greedy(n=2)))
+    out = sched.schedule()
+    sched.update_from_output(out, [[9, 10]])
+    assert [len(r.block_ids) for r in sched.running] == [2, 2]
+    with pytest.raises(AssertionError, match="writes block .* that others can read"):
+        sched.schedule()
+
+
 def test_a_copy_from_a_block_the_same_step_fills_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two identical prompts admitted in one step: the second may not take the first one's last block, which
     only this step's forward fills, as a copy source."""
@@ -40,4 +52,18 @@ def test_a_copy_from_a_block_the_same_step_fills_is_caught(monkeypatch: pytest.M
     for rid in "ab":
         sched.add_request(Request(rid, list(range(1, 2 * BS + 1)), greedy()))
     with pytest.raises(AssertionError, match="a source is a block this step fills"):
+        sched.schedule()
+
+
+def test_two_writers_of_one_block_in_a_step_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, with no copy: the second request writes the first one's block while the first fills it."""
+    must_copy = KVCacheManager._must_copy
+    monkeypatch.setattr(KVCacheManager, "usable_prefix", KVCacheManager.find_cached_prefix)
+    monkeypatch.setattr(
+        KVCacheManager, "_must_copy", lambda self, block: block not in self.fresh and must_copy(self, block)
+    )
+    sched = make()
+    for rid in "ab":
+        sched.add_request(Request(rid, list(range(1, 2 * BS + 1)), greedy()))
+    with pytest.raises(AssertionError, match="both write block"):
         sched.schedule()
