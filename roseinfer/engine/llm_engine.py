@@ -148,6 +148,8 @@ class LLMEngine:
         unresolved, params = params.max_tokens is None, resolved
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        if request_id is not None and not isinstance(request_id, str):  # else abort_request cannot name it
+            raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
         rid = request_id
         while rid is None or (request_id is None and rid in self.groups):  # never one the caller took
             rid = str(next(self._ids))

@@ -90,6 +90,18 @@ def test_abort_request_takes_several_ids(llm: LLM, ids) -> None:
     assert_idle(llm)
 
 
+@pytest.mark.parametrize("rid", [5, ("x",), b"x"])
+def test_a_request_id_that_is_not_a_string_is_a_value_error(llm: LLM, rid: object) -> None:
+    """It was taken, and then could not be aborted by its own id: abort_request(5) raised "'int' object is
+    not iterable", abort_request(("x",)) aborted "x". As vLLM, request ids are strings."""
+    engine = llm.engine
+    with pytest.raises(ValueError, match=f"request_id must be a string, got {type(rid).__name__}"):
+        engine.add_request([5, 6, 7], greedy(2), request_id=rid)  # type: ignore[arg-type]
+    engine.add_request([5, 6, 7], greedy(2), request_id="ok")
+    assert list(run(engine)) == ["ok"]
+    assert_idle(llm)
+
+
 def test_an_automatic_request_id_never_collides_with_the_callers(llama_dir: str) -> None:
     """A request added without an id was refused ("already in use") when the caller had named one "0"."""
     llm = make(llama_dir)
