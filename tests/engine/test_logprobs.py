@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-import roseinfer.runner.model_runner as model_runner
 from roseinfer import LLM, InvalidRequestError, Logprob, SamplingParams
 from roseinfer.outputs import CompletionOutput
 from roseinfer.request import Request
-from tests.engine.test_min_tokens import PROMPTS, make, prefer
+from tests.engine.test_min_tokens import PROMPTS, count_calls, make, prefer
 from tests.models.test_hf_parity import engine_prefill_logits
 
 VOCAB = 384  # the tiny llama's
@@ -209,14 +208,7 @@ def test_sampled_tokens_are_those_drawn_without_logprobs(llama_dir, async_schedu
 def test_decode_graphs_still_sample_rows_that_want_logprobs(llama_dir, async_scheduling, monkeypatch):
     """The logprobs come from the logits the decode graph returns, beside the tokens it drew: a decode step
     with logprobs rows is not moved to the sampler outside the graph."""
-    outside = []
-    real = model_runner.sample
-
-    def counting(*args, **kwargs):
-        outside.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model_runner, "sample", counting)
+    outside = count_calls(monkeypatch, "sample")
     llm = make(llama_dir, async_scheduling, graphs=True)
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, logprobs=2)
     out = llm.generate([PROMPTS[3]], params, use_tqdm=False)
@@ -227,14 +219,7 @@ def test_decode_graphs_still_sample_rows_that_want_logprobs(llama_dir, async_sch
 
 def test_steps_without_logprobs_compute_none(llama_dir, monkeypatch):
     """A batch where no row asks for logprobs takes none of the logprobs work."""
-    calls = []
-    real = model_runner.compute_logprobs
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model_runner, "compute_logprobs", counting)
+    calls = count_calls(monkeypatch, "compute_logprobs")
     llm = make(llama_dir, graphs=True)
     llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=6), use_tqdm=False)
     assert not calls

@@ -51,6 +51,19 @@ def prefer(llm: LLM, token: int, bias: float = 40.0) -> None:
     model.compute_logits = biased
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Counts the runner's calls of `model_runner.<name>`: one entry a call."""
+    calls: list[int] = []
+    real = getattr(model_runner, name)
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model_runner, name, counting)
+    return calls
+
+
 SAMPLING = {
     "greedy": dict(temperature=0.0),
     "temperature": dict(temperature=1.0),
@@ -162,14 +175,7 @@ def test_graph_sampling_resumes_once_min_tokens_is_reached(llama_dir, async_sche
     masked); from the step at which no row is under it, the graph samples again."""
     llm = make(llama_dir, async_scheduling, graphs=True)
     prefer(llm, EOS)
-    outside = []
-    real = model_runner.sample
-
-    def counting(*args, **kwargs):
-        outside.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model_runner, "sample", counting)
+    outside = count_calls(monkeypatch, "sample")
     params = SamplingParams(temperature=0.0, max_tokens=K + 6, min_tokens=K, ignore_eos=True)
     ids = llm.generate([PROMPTS[3]], params, use_tqdm=False)[0].outputs[0].token_ids
     assert EOS not in ids[:K] and ids[K:] == [EOS] * 6
