@@ -7,6 +7,7 @@ import random
 import pytest
 
 from roseinfer.config import SchedulerConfig
+from roseinfer.kv.block_pool import BlockPool
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.kv.prefix_cache import ROOT, hash_full_block, hash_partial_block, root_hash
 from roseinfer.request import Request, RequestStatus
@@ -366,3 +367,198 @@ def test_a_static_batch_member_that_does_not_fit_whole_leaves_the_lru_order_alon
     step_leaving_the_lru_order(sched, kv, runs=x, waits=c)
     run()
     assert c.num_cached_tokens == 8
+
+
+# -- block pool and manager units: each test below killed a mutant that the stream tests let live ----------
+
+
+def finish_alone(sched: Scheduler, req: Request) -> Request:
+    """Run `req` to its end on its own (it must be the only request), sampling token 1."""
+    sched.add_request(req)
+    while sched.has_unfinished():
+        out = sched.schedule()
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+    return req
+
+
+def test_pool_refuses_an_empty_pool_and_a_double_free() -> None:
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockPool(0)
+    pool = BlockPool(1)
+    (b,) = pool.allocate(1)
+    pool.free([b])
+    with pytest.raises(RuntimeError, match="ref count 0"):
+        pool.free([b])
+    assert pool.ref_counts[b] == 0 and list(pool.free_queue) == [b]
+
+
+def test_a_block_keeps_its_longest_key_until_reallocation_forgets_it() -> None:
+    pool = BlockPool(1)
+    (b,) = pool.allocate(1)
+    full, partial = hash_full_block(ROOT, [1, 2, 3, 4]), hash_partial_block(ROOT, [1, 2])
+    pool.set_hash(b, partial, 2)
+    pool.set_hash(b, full, 4)  # a longer key replaces a shorter one...
+    assert pool.cached == {full: b} and pool.cached_len[b] == 4
+    pool.set_hash(b, partial, 2)  # ...never the other way round
+    assert pool.cached == {full: b} and pool.cached_len[b] == 4
+    pool.free([b])
+    assert pool.cached == {full: b}  # a free block stays findable
+    assert pool.allocate(1) == [b]  # handing it out again evicts its content, its cached length too
+    assert pool.cached == {} and pool.block_hash[b] is None and pool.cached_len[b] == 0
+    assert pool.num_evictions == 1
+    pool.set_hash(b, partial, 2)  # so new content of any length can be keyed
+    assert pool.cached == {partial: b} and pool.cached_len[b] == 2
+
+
+def test_reset_cache_forgets_free_blocks_only() -> None:
+    pool = BlockPool(2)
+    free, held = pool.allocate(2)
+    h_free, h_held = hash_full_block(ROOT, [1]), hash_full_block(ROOT, [2])
+    pool.set_hash(free, h_free, 1)
+    pool.set_hash(held, h_held, 1)
+    pool.free([free])
+    pool.reset_cache()
+    assert pool.cached == {h_held: held} and pool.block_hash[free] is None and pool.cached_len[free] == 0
+    pool.check_invariants({held: 1})
+    pool.cached[h_free] = held  # a stale index entry: the check must see it
+    with pytest.raises(AssertionError, match="cache index"):
+        pool.check_invariants({held: 1})
+
+
+def test_usage_counts_held_blocks() -> None:
+    kv = KVCacheManager(4, 2)
+    assert kv.usage() == 0.0
+    kv.pool.allocate(1)
+    assert kv.usage() == 0.25
+
+
+def test_a_cached_prefix_is_token_exact_and_contiguous() -> None:
+    kv = KVCacheManager(16, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    prompt = list(range(10, 20))  # 2 full blocks + a partial block of 2
+    finish_alone(sched, Request("a", prompt, SamplingParams(max_tokens=1)))
+
+    def hit(tokens: list[int]) -> int:
+        return kv.find_cached_prefix(Request("q", tokens, SamplingParams(max_tokens=1)))[1]
+
+    assert hit(prompt) == 10
+    assert hit(prompt[:-1] + [99]) == 8  # the partial block's last token differs
+    assert hit(prompt[:-1]) == 8 and hit(prompt + [99]) == 8  # a partial key covers exactly its tokens
+    blocks, _ = kv.find_cached_prefix(Request("q", prompt, SamplingParams(max_tokens=1)))
+    kv.pool.drop_hash(blocks[1])  # the middle block is evicted: the partial block after it is unreachable
+    assert kv.find_cached_prefix(Request("q", prompt, SamplingParams(max_tokens=1))) == (blocks[:1], 4)
+
+
+def test_pins_hold_full_blocks_and_count_what_they_leave_open() -> None:
+    kv = KVCacheManager(8, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    prefix = list(range(10, 18))  # 2 full blocks
+    finish_alone(sched, Request("warm", prefix + [30, 31], SamplingParams(max_tokens=1)))  # + a partial one
+
+    def req(tokens: list[int]) -> Request:
+        return Request("q", tokens, SamplingParams(max_tokens=1))
+
+    assert kv.blocks_open_to(req([1, 2, 3])) == 8
+    assert kv.pin(req(prefix + [30, 31])) == 8  # its cached partial block is not pinned
+    pinned = set(kv.pool.pinned)
+    assert len(pinned) == 2 and all(kv.pool.ref_counts[b] == 1 for b in pinned)
+    assert kv.pin(req(prefix)) == 8  # pinning again reports the whole pinned prefix, adding no reference
+    assert kv.pool.pinned == pinned and all(kv.pool.ref_counts[b] == 1 for b in pinned)
+    assert kv.blocks_open_to(req([1, 2, 3])) == 6
+    assert kv.blocks_open_to(req(prefix + [1, 2])) == 8  # reads both pinned blocks in place
+    assert kv.blocks_open_to(req(prefix)) == 7  # recomputes its last token: copies the second pinned block
+    sched.check_invariants()
+
+
+def test_a_block_completed_after_a_partial_hit_is_registered() -> None:
+    """b hits a's full block and cached partial block; the copy of the partial block that b fills with its
+    output must be keyed, so that c (b's prompt + output) hits it once a's blocks are gone."""
+    kv = KVCacheManager(16, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    prompt = [5, 6, 7, 8, 9]
+    finish_alone(sched, Request("a", prompt, SamplingParams(max_tokens=1)))
+    b = finish_alone(sched, Request("b", prompt, SamplingParams(max_tokens=4, ignore_eos=True)))
+    assert b.num_cached_tokens == 4
+    c = finish_alone(sched, Request("c", b.all_token_ids[:8] + [99], SamplingParams(max_tokens=1)))
+    assert c.num_cached_tokens == 8
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_blocks_filled_by_generated_tokens_are_registered(async_: bool) -> None:
+    """With async scheduling a block's last token is still pending when the step that fills it is scheduled:
+    it is registered once that token is known (register_computed), so the next turn hits it."""
+    kv = KVCacheManager(16, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    driver = Driver(sched, async_)
+    # The 4th output, a's last token fed to the model, fills block 1: no later step registers it.
+    a = Request("a", [5, 6, 7, 8], SamplingParams(max_tokens=5, ignore_eos=True))
+    sched.add_request(a)
+    while driver.has_unfinished():
+        driver.step(lambda: 11)
+    assert a.num_output_tokens == 5
+    turn2 = Request("b", a.all_token_ids[:8] + [99], SamplingParams(max_tokens=1))
+    assert kv.find_cached_prefix(turn2)[1] == 8
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["hit", "fork"])
+def test_blocks_read_in_place_this_step_stay_copy_sources(fork: bool) -> None:
+    """Only blocks filled by this step are fresh (recomputed rather than copied by a same-step hit). Blocks a
+    request merely reads, as a hit or as an n > 1 fork, are not: a request admitted later in the step that
+    writes into one copies it and computes one token."""
+    kv = KVCacheManager(32, 4)
+    sched = Scheduler(SchedulerConfig(8, 64), kv, 10_000)
+    prompt = list(range(10, 18))  # 2 full blocks
+    if fork:
+        reader = Request("fork", prompt, SamplingParams(max_tokens=3, n=2, ignore_eos=True))
+        sched.add_request(reader)
+        out = sched.schedule()  # the prefill: its blocks are fresh in this step only
+        sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        assert len(sched.running) == 2  # the fork reads the parent's blocks from the next step on
+    else:
+        finish_alone(sched, Request("warm", prompt, SamplingParams(max_tokens=1)))
+        sched.add_request(Request("hit", prompt, SamplingParams(max_tokens=1)))  # reads block 0 in place
+    head = Request("head", prompt[:4], SamplingParams(max_tokens=1))  # its one block is a hit it writes into
+    sched.add_request(head)
+    out = sched.schedule()
+    check_step(sched, out)
+    assert [s.num_new_tokens for s in out.scheduled if s.request is head] == [1]
+    assert head.num_cached_tokens == 3
+
+
+def test_lpm_serves_overdue_requests_first_come_first_served() -> None:
+    policy = AdmissionPolicy("lpm", max_wait_steps=2)
+    reqs = {rid: Request(rid, [1, 2, 3], SamplingParams(max_tokens=1)) for rid in ("older", "newer", "hot")}
+    reqs["older"].enqueued_step, reqs["newer"].enqueued_step, reqs["hot"].enqueued_step = 0, 1, 5
+    hits = {"older": 0, "newer": 50, "hot": 100}
+    waiting = [reqs["newer"], reqs["older"], reqs["hot"]]  # e.g. `newer` came back from a preemption
+    got = policy.order(waiting, lambda r: hits[r.request_id], step=5)
+    assert [r.request_id for r in got] == ["older", "newer", "hot"]
+
+
+def test_lpm_ages_requests_from_when_they_arrived() -> None:
+    """A request's age counts from its arrival, not from the scheduler's start: requests arriving late in
+    the scheduler's life are still ranked by their hits."""
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(1, 64), kv, 10_000, AdmissionPolicy("lpm", max_wait_steps=2))
+    warm_prompt = list(range(10, 30))
+    finish_alone(sched, Request("warm", warm_prompt, SamplingParams(max_tokens=4, ignore_eos=True)))
+    assert sched.num_steps >= 2
+    sched.add_request(Request("cold", list(range(100, 120)), SamplingParams(max_tokens=1)))
+    sched.add_request(Request("hot", warm_prompt + [7], SamplingParams(max_tokens=1)))
+    out = sched.schedule()
+    assert [s.request.request_id for s in out.scheduled] == ["hot"]
+
+
+def test_every_sample_of_an_n_request_reports_the_prompt_hit() -> None:
+    kv = KVCacheManager(32, 4)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    prompt = list(range(10, 19))  # 2 full blocks + a partial block of 1
+    finish_alone(sched, Request("warm", prompt, SamplingParams(max_tokens=1)))
+    parent = Request("p", prompt, SamplingParams(max_tokens=2, n=2, ignore_eos=True))
+    sched.add_request(parent)
+    samples = [parent]
+    while sched.has_unfinished():
+        out = sched.schedule()
+        got, _ = sched.update_from_output(out, [[1] * s.num_samples for s in out.scheduled])
+        samples += [r for r in got if r.parent is parent and r not in samples]
+    assert [r.num_cached_tokens for r in samples] == [8, 8]
