@@ -39,7 +39,7 @@ def run_random_stream(
         assert len({id(s.request) for s in out.scheduled}) == len(out.scheduled)
         for s in out.scheduled:
             r = s.request
-            assert r.status == RequestStatus.RUNNING
+            assert r.status == RequestStatus.RUNNING and s.num_new_tokens >= 1
             assert len(r.block_ids) * block_size >= s.start + s.num_new_tokens
             assert r.num_pending <= 2
             fed_pending += r.num_pending - (s.num_samples > 0) > 0
@@ -159,3 +159,172 @@ def test_decode_first_and_newest_preempted():
     assert sched.num_preemptions >= 1
     assert new.status == RequestStatus.PREEMPTED and new.num_computed_tokens == 0
     assert old.status == RequestStatus.RUNNING
+
+
+# -- deterministic edges: each test below killed a mutant that the random streams let live ----------------
+
+
+def step(sched: Scheduler, token: int = 5) -> SchedulerOutput:
+    """One synchronous step, sampling `token` for every sample."""
+    out = sched.schedule()
+    sched.update_from_output(out, [[token] * s.num_samples for s in out.scheduled])
+    sched.check_invariants()
+    return out
+
+
+def work(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(s.request.request_id, s.num_new_tokens) for s in out.scheduled]
+
+
+def test_decodes_go_before_an_unfinished_prefill_even_when_it_is_older() -> None:
+    """n = 2 forks its second sample after the prefill, so the running order becomes a, b (mid-prefill),
+    a#1: every decode is scheduled before b's next chunk takes the rest of the budget."""
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(8, 4), kv, 10_000)
+    a = Request("a", [1, 2], SamplingParams(max_tokens=3, n=2))
+    b = Request("b", list(range(10, 20)), SamplingParams(max_tokens=1))
+    sched.add_request(a)
+    sched.add_request(b)
+    assert work(step(sched)) == [("a", 2), ("b", 2)]
+    assert [r.request_id for r in sched.running] == ["a", "b", "a#1"]
+    assert work(step(sched)) == [("a", 1), ("a#1", 1), ("b", 2)]
+
+
+def test_the_newest_unscheduled_request_is_preempted_to_the_queue_head() -> None:
+    kv = KVCacheManager(4, 4, enable_prefix_caching=False)  # 16 slots
+    sched = Scheduler(SchedulerConfig(2, 64), kv, 10_000)
+    old = Request("old", [1, 2, 3], SamplingParams(max_tokens=8))
+    new = Request("new", [4] * 9, SamplingParams(max_tokens=4))
+    late = Request("late", [5, 6], SamplingParams(max_tokens=1))  # waits for a seat
+    for r in (old, new, late):
+        sched.add_request(r)
+    assert work(step(sched)) == [("old", 3), ("new", 9)]  # the pool is full
+    assert work(step(sched)) == [("old", 1), ("new", 1)]
+    out = step(sched)  # old's 5th token needs a block: new is the newest not yet given work
+    assert out.preempted == [new] and work(out) == [("old", 1)]
+    assert old.status == RequestStatus.RUNNING and new.status == RequestStatus.PREEMPTED
+    assert list(sched.waiting) == [new, late]
+
+
+def test_nobody_joins_in_a_step_that_preempted() -> None:
+    """b preempts itself for a block; under the small budget its recompute (one chunk) would fit what it
+    freed, but it must not rejoin in the same step (it would thrash)."""
+    kv = KVCacheManager(4, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(8, 4), kv, 10_000)
+    a = Request("a", [1, 2, 3], SamplingParams(max_tokens=8))
+    b = Request("b", [4] * 9, SamplingParams(max_tokens=4))
+    sched.add_request(a)
+    sched.add_request(b)
+    preempting = None
+    for _ in range(10):
+        out = step(sched)
+        if out.preempted:
+            preempting = out
+            break
+    assert preempting is not None and preempting.preempted == [b]
+    assert work(preempting) == [("a", 1)] and list(sched.waiting) == [b]
+
+
+def test_a_step_that_preempts_all_it_runs_readmits_the_head() -> None:
+    """Async: a's last token is in flight (a is skipped but still holds its blocks); its fork a#1 recomputes
+    after a preemption and preempts itself for a block. With nothing left to run, a#1 (now the queue
+    head) is re-admitted in the same step with the blocks it freed, rather than leaving the step empty."""
+    kv = KVCacheManager(4, 2, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(2, 2), kv, 10_000)
+    driver = Driver(sched, async_=True)
+    sched.add_request(Request("a", [44, 29], SamplingParams(max_tokens=5, n=2, ignore_eos=True)))
+    preempted = 0
+    while driver.has_unfinished():
+        out = driver.step(lambda: 11)
+        sched.check_invariants()
+        preempted += len(out.preempted)
+        if out.preempted:
+            assert out.scheduled, "a step that preempted scheduled nothing"
+    assert preempted >= 1
+
+
+def test_a_request_preempted_with_a_token_in_flight_waits_for_it() -> None:
+    """Async: b is preempted while its last sampled token is still in flight. It rejoins once that token is
+    known (from the next step on), not in the step that preempted it, though nothing else runs then."""
+    kv = KVCacheManager(6, 2)
+    sched = Scheduler(SchedulerConfig(4, 2), kv, 10_000)
+    driver = Driver(sched, async_=True)
+    a = Request("a", [44, 53], SamplingParams(max_tokens=7, ignore_eos=True))
+    b = Request("b", [44, 53], SamplingParams(max_tokens=6, ignore_eos=True))
+    sched.add_request(a)
+    in_flight = 0
+
+    def check(out: SchedulerOutput) -> None:  # before the step in flight is applied
+        nonlocal in_flight
+        for r in out.preempted:
+            if r.num_pending:
+                in_flight += 1
+                assert all(s.request is not r for s in out.scheduled), f"{r} rejoined too early"
+
+    for i in range(40):
+        if i == 4:
+            sched.add_request(b)
+        if not driver.has_unfinished():
+            break
+        driver.step(lambda: 11, check)
+        sched.check_invariants()
+    assert in_flight >= 1 and a.is_finished and b.is_finished
+
+
+def test_prompt_tokens_count_only_the_prompt_of_a_recompute() -> None:
+    kv = KVCacheManager(16, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(4, 64), kv, 10_000)
+    r = Request("r", [1, 2, 3], SamplingParams(max_tokens=5))
+    sched.add_request(r)
+    assert step(sched).num_prompt_tokens == 3
+    assert step(sched).num_prompt_tokens == 0  # a decode
+    sched._preempt(r)
+    out = step(sched)  # the recompute: 3 prompt tokens and 2 generated ones
+    assert work(out) == [("r", 5)] and out.num_prompt_tokens == 3
+
+
+def test_a_static_batch_is_formed_whole_even_past_the_budget() -> None:
+    """Static members join together; a member left without budget this step holds its seat and is
+    scheduled from the next step on (never with zero tokens)."""
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(4, 4, "static"), kv, 10_000)
+    a = Request("a", list(range(10, 16)), SamplingParams(max_tokens=2))
+    b = Request("b", list(range(20, 26)), SamplingParams(max_tokens=2))
+    sched.add_request(a)
+    sched.add_request(b)
+    assert work(step(sched)) == [("a", 4)]
+    assert sched.running == [a, b] and not sched.waiting
+    assert work(step(sched)) == [("a", 2), ("b", 2)]
+
+
+def test_a_static_member_joins_only_if_every_whole_prompt_fits() -> None:
+    """a's first chunk takes one block and promises two more for the rest of its prompt; b's whole prompt
+    (3 blocks) fits the 4 free blocks only if that promise is ignored."""
+    kv = KVCacheManager(5, 4, enable_prefix_caching=False)
+    sched = Scheduler(SchedulerConfig(4, 4, "static"), kv, 10_000)
+    a = Request("a", list(range(10, 22)), SamplingParams(max_tokens=1))
+    b = Request("b", list(range(30, 42)), SamplingParams(max_tokens=1))
+    sched.add_request(a)
+    sched.add_request(b)
+    assert work(step(sched)) == [("a", 4)]
+    assert sched.running == [a] and list(sched.waiting) == [b]
+    while sched.has_unfinished():
+        step(sched)
+    assert a.num_output_tokens == b.num_output_tokens == 1 and sched.num_preemptions == 0
+
+
+def test_a_prompt_over_the_left_budget_is_chunked_in() -> None:
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(8, 8), kv, 10_000)
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=2)))
+    sched.add_request(Request("b", list(range(10, 16)), SamplingParams(max_tokens=2)))
+    assert work(step(sched)) == [("a", 3), ("b", 5)]
+
+
+def test_an_n_request_takes_one_seat_per_sample_once_forked() -> None:
+    kv = KVCacheManager(64, 4)
+    sched = Scheduler(SchedulerConfig(3, 64), kv, 10_000)
+    sched.add_request(Request("p", [1, 2], SamplingParams(max_tokens=4, n=2)))
+    assert work(step(sched)) == [("p", 2)]
+    sched.add_request(Request("q", [3, 4], SamplingParams(max_tokens=1)))
+    assert work(step(sched)) == [("p", 1), ("p#1", 1), ("q", 2)]
