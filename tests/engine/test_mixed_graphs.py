@@ -120,7 +120,7 @@ def test_graph_sizes_and_config():
     sizes = mixed_graph_sizes(8192)
     assert sizes == sorted(set(sizes)) and sizes[-1] == 8192
     with pytest.raises(ValueError, match="mixed_graph_max_tokens"):
-        EngineConfig.__post_init__(type("C", (), {"mixed_graph_max_tokens": -1})())
+        EngineConfig.__post_init__(type("C", (), {"mixed_graph_max_tokens": -1, "max_logprobs": 20})())
 
 
 def test_automatic_cap_follows_the_layer_size():
