@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import roseinfer.runner.model_runner as model_runner
+import roseinfer.runner.step_future as step_future
 from roseinfer.attention.triton_backend import TritonAttentionBackend
 from roseinfer.bench.device import sync
 from roseinfer.bench.workloads import build_workload
@@ -54,7 +55,7 @@ PHASES = [
     (LlamaForCausalLM, "forward", "  eager forward (launches)"),
     (TritonAttentionBackend, "forward", "    attention (launches)"),
     (model_runner, "sample", "  sample"),
-    (model_runner.StepFuture, "result", "wait for the device"),
+    (step_future.StepFuture, "result", "wait for the device"),
     (Scheduler, "update_from_output", "update"),
 ]
 
@@ -161,7 +162,9 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true", help="host ms per step of each phase")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="cumulative", help="cProfile sort key, e.g. tottime")
-    parser.add_argument("--gc", choices=["on", "freeze", "off"], default="on", help="Python's GC during the run")
+    parser.add_argument(
+        "--gc", choices=["on", "freeze", "off"], default="on", help="Python's GC during the run"
+    )
     args = parser.parse_args()
     engine = build_engine(args)
     if args.device == "cuda":  # compiles, cuBLAS heuristics and allocator growth stay out of the timing

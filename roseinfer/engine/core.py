@@ -11,7 +11,8 @@ from roseinfer.config import EngineConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.profiling import record
 from roseinfer.request import Request, RequestStatus
-from roseinfer.runner.model_runner import ModelRunner, StepFuture
+from roseinfer.runner.model_runner import ModelRunner
+from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
 
