@@ -35,6 +35,12 @@ class TokenLogprobs(NamedTuple):
     rank: int
 
 
+def num_logprobs(asked: int | None, vocab_size: int) -> int:
+    """How many top-k logprobs `SamplingParams.logprobs` (or a `max_logprobs` cap) means: -1 is the whole
+    vocabulary, None none."""
+    return vocab_size if asked == -1 else asked or 0
+
+
 def position_logprobs(
     raw: TokenLogprobs, num_logprobs: int, decode: Callable[[int], str] | None
 ) -> dict[int, Logprob]:

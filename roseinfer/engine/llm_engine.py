@@ -16,7 +16,7 @@ from torch import nn
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.core import EngineCore
-from roseinfer.logprobs import SampleLogprobs, TokenLogprobs, position_logprobs
+from roseinfer.logprobs import SampleLogprobs, TokenLogprobs, num_logprobs, position_logprobs
 from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
@@ -117,9 +117,9 @@ class LLMEngine:
         """As vLLM: at most `max_logprobs` a token, -1 (the whole vocabulary) and a cap of -1 counting as the
         vocabulary's size."""
         vocab = self.model_config.vocab_size
-        cap = vocab if self.config.max_logprobs == -1 else self.config.max_logprobs
+        cap = num_logprobs(self.config.max_logprobs, vocab)
         if params.logprobs:
-            asked = vocab if params.logprobs == -1 else params.logprobs
+            asked = num_logprobs(params.logprobs, vocab)
             if asked > cap:
                 raise ValueError(
                     f"logprobs={params.logprobs} asks for {asked} logprobs a token; this engine returns at "
@@ -265,8 +265,7 @@ class _Sequence:
         self.text = ""
         self.num_seen = 0  # output tokens already detokenized
         self.logprobs: SampleLogprobs = []  # one dict per output token, built as outputs are made
-        k = req.params.logprobs
-        self.num_logprobs = engine.model_config.vocab_size if k == -1 else k or 0
+        self.num_logprobs = num_logprobs(req.params.logprobs, engine.model_config.vocab_size)
         self.decode = engine.token_text
 
     def on_token(self, engine: LLMEngine) -> None:

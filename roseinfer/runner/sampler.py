@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from roseinfer.logprobs import TokenLogprobs
+from roseinfer.logprobs import TokenLogprobs, num_logprobs
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -59,8 +59,8 @@ class SamplingBatch:
         all_greedy = all(greedy)
         any_seeded = any(g is not None for g in generators)
         any_min_tokens = any(p.min_tokens for p in params)
-        asked = [vocab_size if p.logprobs == -1 else p.logprobs for p in params if p.logprobs is not None]
-        num_logprobs = min(max(asked), vocab_size) if asked else None
+        asked = [num_logprobs(p.logprobs, vocab_size) for p in params if p.logprobs is not None]
+        most_logprobs = min(max(asked), vocab_size) if asked else None
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
             return SamplingBatch(
                 temperature=None,
@@ -75,7 +75,7 @@ class SamplingBatch:
                 shared_generator=shared_generator,
                 any_seeded=any_seeded,
                 any_min_tokens=any_min_tokens,
-                num_logprobs=num_logprobs,
+                num_logprobs=most_logprobs,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
         use_k = any(p.top_k > 0 for p in params)
@@ -104,7 +104,7 @@ class SamplingBatch:
             shared_generator=shared_generator,
             any_seeded=any_seeded,
             any_min_tokens=any_min_tokens,
-            num_logprobs=num_logprobs,
+            num_logprobs=most_logprobs,
         )
 
 
