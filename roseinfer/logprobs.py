@@ -24,6 +24,9 @@ class Logprob:
 
 # One dict a generated token: the sampled token first, then the position's top-k by rank.
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry a prompt token: None for the first, then a dict as above with the prompt token in the sampled
+# token's place, from the distribution at the position before it.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 class TokenLogprobs(NamedTuple):
@@ -53,3 +56,11 @@ def position_logprobs(
         tid = ids[i]
         out[tid] = Logprob(values[i], i, decode(tid) if decode else None)
     return out
+
+
+def prompt_position_logprobs(
+    raw: list[TokenLogprobs], num_logprobs: int, decode: Callable[[int], str] | None
+) -> PromptLogprobs:
+    """A prompt's entries: None for its first token, then each position's dict (`position_logprobs`, the
+    prompt token in the sampled token's place)."""
+    return [None, *(position_logprobs(entry, num_logprobs, decode) for entry in raw)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roseinfer.logprobs import SampleLogprobs
+from roseinfer.logprobs import PromptLogprobs, SampleLogprobs
 
 
 @dataclass
@@ -37,3 +37,6 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    # With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), on every output
+    # from the first on (as vLLM's cumulative and final outputs). None without it.
+    prompt_logprobs: PromptLogprobs | None = None

@@ -61,6 +61,10 @@ class Request:
         wants_logprobs = params.logprobs is not None
         self.logprobs: list[TokenLogprobs] | None = [] if wants_logprobs else None
         self.cumulative_logprob: float | None = 0.0 if wants_logprobs else None
+        # With params.prompt_logprobs: entry p for prompt position p (the distribution of prompt token p + 1),
+        # filled chunk by chunk up to the prompt's last position but one. None on n > 1 forks: the request
+        # they fork from holds the prompt's.
+        self.prompt_logprobs: list[TokenLogprobs] | None = [] if params.prompt_logprobs is not None else None
         self.status = RequestStatus.WAITING
         self.block_ids: list[int] = []  # the block table, in token order
         self.table_row = -1  # its row in the KV cache manager's block-table mirror (`kv/block_tables.py`)
@@ -97,6 +101,23 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids) + self.num_pending
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Some prompt position's logprobs are still to come: it needs every position's logits, so it reads no
+        cached prefix (as vLLM v1)."""
+        plp = self.prompt_logprobs
+        return plp is not None and len(plp) < len(self.prompt_token_ids) - 1
+
+    def add_prompt_logprobs(self, start: int, entries: list[TokenLogprobs]) -> None:
+        """Positions start, start + 1, ... of a resolved step. Positions already held (recomputed after a
+        preemption) are kept as they are; steps resolve in order, so a chunk never starts past the end."""
+        plp = self.prompt_logprobs
+        if plp is None:
+            raise RuntimeError(f"{self} got prompt logprobs it did not ask for")
+        if start > len(plp):
+            raise RuntimeError(f"{self}: prompt logprobs from position {start}, but it holds {len(plp)}")
+        plp.extend(entries[len(plp) - start :])
 
     @property
     def is_finished(self) -> bool:

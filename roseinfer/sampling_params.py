@@ -41,9 +41,13 @@ class SamplingParams:
     # ones (-1: the whole vocabulary), from the log_softmax of the raw logits (before temperature, min_tokens,
     # min-p, top-k, top-p): CompletionOutput.logprobs and cumulative_logprob. None: off.
     logprobs: int | None = None
+    # As vLLM v1: for each prompt token after the first, the logprobs of that token and of the `prompt_logprobs`
+    # most likely ones (-1: the whole vocabulary) at the position before it, from the raw logits' log_softmax:
+    # RequestOutput.prompt_logprobs. None: off.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs"):
+        for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs", "prompt_logprobs"):
             setattr(self, name, _plain_int(getattr(self, name)))
         for name in ("temperature", "top_p", "min_p"):
             value = _plain_float(getattr(self, name))
@@ -66,12 +70,12 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        if self.logprobs is not None and (
-            not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or self.logprobs < -1
-        ):
-            raise ValueError(
-                f"logprobs must be None, an int >= 0, or -1 (the whole vocabulary), got {self.logprobs!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < -1):
+                raise ValueError(
+                    f"{name} must be None, an int >= 0, or -1 (the whole vocabulary), got {value!r}"
+                )
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -112,6 +112,8 @@ class EngineCore:
         t0 = time.perf_counter()
         sampled = future.result()
         self.stats.device_wait_time += time.perf_counter() - t0
+        for index, first, entries in future.prompt_logprobs():
+            out.scheduled[index].request.add_prompt_logprobs(first, entries)
         with record("update"):
             got, finished = self.scheduler.update_from_output(out, sampled, future.logprobs())
         for req in finished:

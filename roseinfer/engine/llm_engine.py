@@ -16,7 +16,14 @@ from torch import nn
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.core import EngineCore
-from roseinfer.logprobs import SampleLogprobs, TokenLogprobs, num_logprobs, position_logprobs
+from roseinfer.logprobs import (
+    PromptLogprobs,
+    SampleLogprobs,
+    TokenLogprobs,
+    num_logprobs,
+    position_logprobs,
+    prompt_position_logprobs,
+)
 from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
@@ -114,16 +121,16 @@ class LLMEngine:
         return ids, params
 
     def _check_logprobs(self, params: SamplingParams) -> None:
-        """As vLLM: at most `max_logprobs` a token, -1 (the whole vocabulary) and a cap of -1 counting as the
-        vocabulary's size."""
+        """As vLLM: at most `max_logprobs` a token, for the output's and the prompt's logprobs alike, -1 (the
+        whole vocabulary) and a cap of -1 counting as the vocabulary's size."""
         vocab = self.model_config.vocab_size
         cap = num_logprobs(self.config.max_logprobs, vocab)
-        if params.logprobs:
-            asked = num_logprobs(params.logprobs, vocab)
-            if asked > cap:
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value and (asked := num_logprobs(value, vocab)) > cap:
                 raise ValueError(
-                    f"logprobs={params.logprobs} asks for {asked} logprobs a token; this engine returns at "
-                    f"most {cap} (max_logprobs={self.config.max_logprobs}; -1: the vocabulary, {vocab})"
+                    f"{name}={value} asks for {asked} logprobs a token; this engine returns at most "
+                    f"{cap} (max_logprobs={self.config.max_logprobs}; -1: the vocabulary, {vocab})"
                 )
 
     def _run_to_limit(self, params: SamplingParams, prompt_len: int, cache_tokens: int) -> SamplingParams:
@@ -341,6 +348,7 @@ class _Group:
         self.engine = engine
         self.seqs = [_Sequence(req, engine.detokenizer(req), engine)]
         self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
+        self.prompt_logprobs: PromptLogprobs | None = None  # built once, with the first output
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
@@ -366,7 +374,18 @@ class _Group:
                 root.first_token_time,
                 max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
             ),
+            prompt_logprobs=self._prompt_logprobs(),
         )
+
+    def _prompt_logprobs(self) -> PromptLogprobs | None:
+        """The prompt's entries (None first), complete by the first output: its prompt has been computed."""
+        root, raw = self.root, self.root.prompt_logprobs
+        if raw is not None and self.prompt_logprobs is None:
+            if root.needs_prompt_logprobs:
+                raise RuntimeError(f"{root} has {len(raw)} prompt logprobs at its first output")
+            k = num_logprobs(root.params.prompt_logprobs, self.engine.model_config.vocab_size)
+            self.prompt_logprobs = prompt_position_logprobs(raw, k, self.engine.token_text)
+        return None if self.prompt_logprobs is None else list(self.prompt_logprobs)
 
 
 def checked_token_ids(prompt: list, vocab: int) -> list[int]:

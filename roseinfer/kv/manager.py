@@ -67,8 +67,9 @@ class KVCacheManager:
         return hash_partial_block(parent, req.all_token_ids[full * self.block_size : num_tokens])
 
     def find_cached_prefix(self, req: Request) -> tuple[list[int], int]:
-        """Blocks holding the longest cached prefix of the request's tokens, and its length in tokens."""
-        if not self.enable_prefix_caching:
+        """Blocks holding the longest cached prefix of the request's tokens, and its length in tokens; none
+        for a request still to compute prompt logprobs (as vLLM v1), which needs every position's logits."""
+        if not self.enable_prefix_caching or req.needs_prompt_logprobs:
             return [], 0
         cached = self.pool.cached
         blocks = []

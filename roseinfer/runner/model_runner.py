@@ -22,6 +22,11 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
+from roseinfer.runner.prompt_logprobs import (
+    PromptLogprobsResult,
+    compute_prompt_logprobs,
+    prompt_logprobs_rows,
+)
 from roseinfer.runner.sampler import (
     BannedTokens,
     SamplingBatch,
@@ -251,9 +256,11 @@ class ModelRunner:
         self.num_launches += 1
         with record("prepare_inputs"):
             step = build_host_step(out, self.block_size)
-            use_graph = self.graphs is not None and self.graphs.can_run(step)
+            # Prompt logprobs need every prompt row's hidden state: only the eager forward keeps them all.
+            eager = bool(out.prompt_logprobs)
+            use_graph = not eager and self.graphs is not None and self.graphs.can_run(step)
             mixed = None
-            if not use_graph and self.mixed_graphs is not None:
+            if not use_graph and not eager and self.mixed_graphs is not None:
                 mixed = self.mixed_graphs.plan(step)
             if not use_graph and mixed is None:
                 tiles = None
@@ -267,6 +274,7 @@ class ModelRunner:
             batch = self._sampling_batch(rows, reqs) if rows else None
             banned = self._banned(reqs) if batch is not None and batch.any_min_tokens else None
         graph_tokens = None
+        prompt = None
         with record("forward"):
             if use_graph:
                 # The graph samples one token per input row: a fork's rows are drawn outside, and so are
@@ -289,11 +297,20 @@ class ModelRunner:
                 self.step_paths["mixed_graph"] += 1
             else:
                 hidden = self.model(ids, positions, ForwardContext(self.kv_cache, meta, self.backend))
+                if eager:
+                    with record("prompt_logprobs"):
+                        job = prompt_logprobs_rows(out, step, self.cfg.vocab_size)
+                        packed = compute_prompt_logprobs(self.model.compute_logits, hidden, job, self.device)
+                        prompt = PromptLogprobsResult(job.spans, packed)
                 if rows:
                     logits = self.model.compute_logits(hidden[logits_index.long()])
                 self.step_paths["eager"] += 1
         if batch is None:
-            return StepFuture(len(out.scheduled), rows, None, None)
+            done = None
+            if prompt is not None and self.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+            return StepFuture(len(out.scheduled), rows, None, done, prompt=prompt)
         with record("sample"):
             previous = -1
             for k, (i, r) in enumerate(zip(rows, reqs)):  # rows are grouped by scheduled request
@@ -312,7 +329,7 @@ class ModelRunner:
             packed = None if k is None or raw is None else gather_logprobs(raw, tokens, k)
             if self.device.type != "cuda":
                 return StepFuture(
-                    len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each, packed
+                    len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each, packed, prompt
                 )
             host = torch.empty(tokens.shape, dtype=torch.int32, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
@@ -322,7 +339,7 @@ class ModelRunner:
                 host_logprobs.copy_(packed, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each, host_logprobs)
+        return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each, host_logprobs, prompt)
 
     def _banned(self, reqs: list[Request]) -> BannedTokens | None:
         """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None

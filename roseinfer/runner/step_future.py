@@ -7,6 +7,7 @@ import torch
 
 from roseinfer.logprobs import TokenLogprobs
 from roseinfer.profiling import record
+from roseinfer.runner.prompt_logprobs import PromptLogprobsResult
 from roseinfer.runner.sampler import unpack_logprobs
 
 
@@ -21,6 +22,7 @@ class StepFuture:
         done: torch.cuda.Event | None,
         one_each: bool = False,
         logprobs: torch.Tensor | None = None,
+        prompt: PromptLogprobsResult | None = None,
     ) -> None:
         self.num_scheduled = num_scheduled
         self.rows = rows  # the scheduled request of each sampled token
@@ -28,6 +30,7 @@ class StepFuture:
         self.tokens = tokens  # host tensor, valid once `done` has passed
         self.done = done
         self.packed_logprobs = logprobs  # host tensor, `gather_logprobs`' rows, copied before `done`
+        self.prompt = prompt  # the prompt logprobs some scheduled request computed, copied before `done`
 
     def result(self) -> list[list[int]]:
         """Waits for the step; returns the tokens of each scheduled request (empty where it did not sample)."""
@@ -47,6 +50,15 @@ class StepFuture:
         if self.done is not None:
             self.done.synchronize()  # no wait: `result` waited for this event, which the copy precedes
         return self._by_request(unpack_logprobs(self.packed_logprobs.numpy()))
+
+    def prompt_logprobs(self) -> list[tuple[int, int, list[TokenLogprobs]]]:
+        """(scheduled index, first position, each position's logprobs) of the prompt positions the step
+        computed logprobs for (`SchedulerOutput.prompt_logprobs`); empty where none."""
+        if self.prompt is None:
+            return []
+        if self.done is not None:
+            self.done.synchronize()
+        return self.prompt.by_span()
 
     def _by_request(self, per_row: list) -> list[list]:
         if self.one_each:

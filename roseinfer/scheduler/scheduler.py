@@ -42,6 +42,9 @@ class SchedulerOutput:
     num_prompt_tokens: int = 0  # tokens of prompts (not of generated text) computed this step
     # The KV cache manager's mirror of the block tables, as of this schedule() (None: read block_ids).
     tables: BlockTables | None = None
+    # (index in `scheduled`, first position, end position): the prompt positions whose logprobs a request
+    # asking for them computes this step (`Request.prompt_logprobs`); empty in most steps.
+    prompt_logprobs: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -161,12 +164,19 @@ class Scheduler:
     @staticmethod
     def _commit(out: SchedulerOutput) -> None:
         prompt_tokens = 0
-        for s in out.scheduled:
+        for i, s in enumerate(out.scheduled):
             req = s.request
             s.start = start = req.num_computed_tokens
             end = start + s.num_new_tokens
             if start < len(req.prompt_token_ids):
                 prompt_tokens += min(len(req.prompt_token_ids), end) - start
+                if req.prompt_logprobs is not None:
+                    # Positions not held yet (after a preemption) up to the last but one, whose logits
+                    # predict the last prompt token; the last position's logits only sample.
+                    first = max(start, len(req.prompt_logprobs))
+                    last = min(end, len(req.prompt_token_ids) - 1)
+                    if first < last:
+                        out.prompt_logprobs.append((i, first, last))
             req.num_computed_tokens = end
             if s.num_samples:
                 req.num_pending += 1  # n > 1: the forks get theirs in the update
@@ -322,6 +332,7 @@ class Scheduler:
         child.parent, child.sample_index = parent, index
         child.min_tokens_stop_ids = parent.min_tokens_stop_ids  # with eos under ignore_eos, as the parent's
         child.num_cached_tokens = parent.num_cached_tokens
+        child.prompt_logprobs = None  # the parent computed the prompt's, once for all samples
         self.kv.fork(parent, child)
         child.status = RequestStatus.RUNNING
         self.running.append(child)
