@@ -123,3 +123,64 @@ def test_bad_stop_flags_are_argparse_errors(flags, message, capsys):
 def test_a_stop_string_needs_a_tokenizer(capsys):
     assert main(["generate", "--stop", "###"]) == 2
     assert "stop strings need a tokenizer" in capsys.readouterr().err
+
+
+def _logprob_sections(text: str) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines()[1:]:  # the first line: the generated ids
+        if not line.startswith(" "):
+            current = sections.setdefault(line.rstrip(":"), [])
+        else:
+            assert current is not None
+            current.append(line.strip())
+    return sections
+
+
+def test_generate_prints_logprobs_and_prompt_logprobs(capsys):
+    """One line a position: index, token, its logprob and rank, then the others of its dict, most likely
+    first. The values are the engine's (`LLM.generate` with the same settings gives them); greedy tokens rank
+    first, and a prompt's first token has no entry."""
+    from roseinfer.entrypoints.llm import LLM
+    from roseinfer.models.loader import DEFAULT_MODEL
+    from roseinfer.sampling_params import SamplingParams
+
+    prompt = [5, 6, 7, 8, 9]
+    flags = ["--temperature", "0", "--max-tokens", "3", "--ignore-eos", "--prompt-ids", "5,6,7,8,9"]
+    assert main(["generate", *flags, "--logprobs", "2", "--prompt-logprobs", "3"]) == 0
+    text = capsys.readouterr().out
+    ids = [int(t) for t in text.splitlines()[0].split(",")]
+    sections = _logprob_sections(text)
+    assert sorted(sections) == ["logprobs", "prompt_logprobs"]
+    llm = LLM(DEFAULT_MODEL, load_format="dummy")
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=2, prompt_logprobs=3)
+    want = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert ids == want.outputs[0].token_ids
+    assert sections["prompt_logprobs"][0] == "0 5 -"
+    for title, tokens, entries, k in [
+        ("prompt_logprobs", prompt, want.prompt_logprobs, 3),
+        ("logprobs", ids, want.outputs[0].logprobs, 2),
+    ]:
+        lines = sections[title]
+        assert len(lines) == len(tokens)
+        for i, (line, token, entry) in enumerate(zip(lines, tokens, entries)):
+            if entry is None:
+                continue
+            head, _, rest = line.partition(" | ")
+            index, tok, value, _, rank = head.split()
+            assert (int(index), int(tok), int(rank.rstrip(")"))) == (i, token, entry[token].rank)
+            assert abs(float(value) - entry[token].logprob) < 1e-4
+            others = [pair.split() for pair in rest.split(", ")] if rest else []
+            assert [int(t) for t, _ in others] == sorted(
+                (t for t in entry if t != token), key=lambda t: entry[t].rank
+            )
+            assert len(others) in (k - 1, k)
+            if title == "logprobs":
+                assert entry[token].rank == 1  # greedy
+
+
+def test_bad_logprobs_flags_are_argparse_errors(capsys):
+    for flag in ("--logprobs", "--prompt-logprobs"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", flag, "-2"])
+        assert exit_info.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err

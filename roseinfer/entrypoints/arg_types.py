@@ -28,6 +28,11 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def logprob_count(text: str) -> int:
+    """How many logprobs a position: an integer >= 0, or -1 for the whole vocabulary."""
+    return _int_at_least(text, -1)
+
+
 def token_ids(text: str) -> list[int]:
     """Comma- (or space-) separated token ids >= 0."""
     try:

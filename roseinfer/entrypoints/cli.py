@@ -16,12 +16,14 @@ from types import ModuleType
 
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.entrypoints.arg_types import (
+    logprob_count,
     non_negative_int,
     positive_int,
     power_of_two,
     token_ids,
     torch_device,
 )
+from roseinfer.entrypoints.logprob_text import logprob_lines
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
@@ -92,6 +94,18 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="tokens before a stop id, eos or stop string counts",
     )
+    parser.add_argument(
+        "--logprobs",
+        type=logprob_count,
+        default=None,
+        help="print each generated token's logprob and rank, and the K most likely tokens (-1: all)",
+    )
+    parser.add_argument(
+        "--prompt-logprobs",
+        type=logprob_count,
+        default=None,
+        help="print each prompt token's logprob and rank, and the K most likely tokens there (-1: all)",
+    )
     parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=power_of_two, default=16)
@@ -158,8 +172,11 @@ def run_generate(args: argparse.Namespace) -> int:
         stop=args.stop,
         stop_token_ids=args.stop_token_ids,
         min_tokens=args.min_tokens,
+        logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
     )
-    out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    result = llm.generate([prompt], params, use_tqdm=False)[0]
+    out = result.outputs[0]
     device = llm.engine.config.device
     print(
         f"# {model} ({load_format} weights) on {device}; finish_reason={out.finish_reason}", file=sys.stderr
@@ -168,6 +185,10 @@ def run_generate(args: argparse.Namespace) -> int:
         print(out.text)
     else:
         print(",".join(str(t) for t in out.token_ids))
+    if result.prompt_logprobs is not None:
+        print("\n".join(logprob_lines("prompt_logprobs", result.prompt_token_ids, result.prompt_logprobs)))
+    if out.logprobs is not None:
+        print("\n".join(logprob_lines("logprobs", out.token_ids, out.logprobs)))
     return 0
 
 
