@@ -9,6 +9,7 @@ rank, `gather_logprobs`) before the next; the step's packed rows then go to the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +49,10 @@ def prompt_logprobs_rows(out: SchedulerOutput, step: HostStep, vocab_size: int) 
 
 
 def compute_prompt_logprobs(
-    compute_logits, hidden: torch.Tensor, job: PromptLogprobsRows, device: torch.device
+    compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    job: PromptLogprobsRows,
+    device: torch.device,
 ) -> torch.Tensor:
     """`gather_logprobs`' packed rows [R, 2k + 3] (int32, on the device) for the job's rows of `hidden`, the
     lm_head (`compute_logits`) run over `SLICE_ROWS` rows at a time."""
