@@ -45,11 +45,25 @@ class SamplingParams:
     # most likely ones (-1: the whole vocabulary) at the position before it, from the raw logits' log_softmax:
     # RequestOutput.prompt_logprobs. None: off.
     prompt_logprobs: int | None = None
+    # As vLLM v1, per sample, after min_tokens' mask and before temperature: each token id seen in the prompt or
+    # the sample's output so far has its logit divided by repetition_penalty where positive, else multiplied by
+    # it; then each logit loses frequency_penalty times its id's count in the output, and presence_penalty if
+    # that count is not 0. Greedy samples too. 0.0, 0.0 and 1.0: off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs", "prompt_logprobs"):
             setattr(self, name, _plain_int(getattr(self, name)))
-        for name in ("temperature", "top_p", "min_p"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             value = _plain_float(getattr(self, name))
             setattr(self, name, value)
             if not isinstance(value, int | float) or isinstance(value, bool):
@@ -62,6 +76,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
@@ -94,3 +113,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)

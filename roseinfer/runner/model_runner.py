@@ -27,6 +27,7 @@ from roseinfer.runner.prompt_logprobs import (
     compute_prompt_logprobs,
     prompt_logprobs_rows,
 )
+from roseinfer.runner.penalties import PenaltyTable, StepPenalties
 from roseinfer.runner.sampler import (
     BannedTokens,
     SamplingBatch,
@@ -106,6 +107,9 @@ class ModelRunner:
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0}
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_cache: SamplingBatch | None = None
+        # Penalty rows of the cached batch, and the table of output counts they read (made on first use).
+        self._penalties: StepPenalties | None = None
+        self.penalty_table: PenaltyTable | None = None
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
         # Noise of eagerly sampled rows without a seed of their own (the graphs take theirs from _seeds).
         self._unseeded = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -273,14 +277,19 @@ class ModelRunner:
             reqs = list(map(_REQUEST, sched)) if step.one_sample_each else [sched[i].request for i in rows]
             batch = self._sampling_batch(rows, reqs) if rows else None
             banned = self._banned(reqs) if batch is not None and batch.any_min_tokens else None
+            penalties = self._penalties if batch is not None and batch.any_penalties else None
         graph_tokens = None
         prompt = None
         with record("forward"):
             if use_graph:
                 # The graph samples one token per input row: a fork's rows are drawn outside, and so are
-                # the rows of a step where some row may not draw its stop ids (min_tokens).
+                # the rows of a step where some row may not draw its stop ids (min_tokens) or has penalties.
                 in_graph = (
-                    batch is not None and batch.in_graph and banned is None and len(rows) == step.num_seqs
+                    batch is not None
+                    and batch.in_graph
+                    and banned is None
+                    and penalties is None
+                    and len(rows) == step.num_seqs
                 )
                 temperature = batch.host_temperature if in_graph else None
                 seed = int(self._seeds.integers(2**62)) if temperature is not None else 0
@@ -324,7 +333,9 @@ class ModelRunner:
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
-                tokens = sample(logits, batch, banned).to(torch.int32)
+                tokens = sample(logits, batch, banned, penalties).to(torch.int32)
+            if penalties is not None:
+                penalties.fold(tokens)
             self.last_sampled = tokens
             packed = None if k is None or raw is None else gather_logprobs(raw, tokens, k)
             if self.device.type != "cuda":
@@ -360,6 +371,11 @@ class ModelRunner:
         batch = SamplingBatch.build(
             [r.params for r in reqs], gens, self.cfg.vocab_size, self.device, self._unseeded
         )
+        self._penalties = None
+        if batch.any_penalties:  # before `launch` makes this step's rows the requests' pending rows
+            if self.penalty_table is None:
+                self.penalty_table = PenaltyTable(self.cfg.vocab_size, self.device)
+            self._penalties = self.penalty_table.step(reqs, self.last_sampled)
         self._sampling_key, self._sampling_cache = key, batch
         return batch
 
@@ -384,4 +400,7 @@ class ModelRunner:
         return root.uid, req.sample_index + fork_index
 
     def release(self, req: Request) -> None:
+        """A finished request's generator and penalty row."""
         self.generators.pop(self._generator_key(req), None)
+        if self.penalty_table is not None:
+            self.penalty_table.release(req.uid)

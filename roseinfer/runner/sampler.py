@@ -1,11 +1,11 @@
 """Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; banned tokens;
-sample logprobs.
+penalties; sample logprobs.
 
 As in vLLM, a row's banned tokens (its stop ids while it is under min_tokens) are set to -inf first, then its
-logits are divided by its temperature, then min-p drops the tokens less likely than min_p times the most likely
-one, then top-k and top-p cut what is left. Logprobs, as vLLM v1's default `raw_logprobs`, are the log_softmax of
-the logits before any of that (`compute_logprobs`), gathered for the sampled tokens and the top k
-(`gather_logprobs`).
+presence, frequency and repetition penalties apply (`penalties.py`), then its logits are divided by its
+temperature, then min-p drops the tokens less likely than min_p times the most likely one, then top-k and top-p
+cut what is left. Logprobs, as vLLM v1's default `raw_logprobs`, are the log_softmax of the logits before any of
+that (`compute_logprobs`), gathered for the sampled tokens and the top k (`gather_logprobs`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from roseinfer.logprobs import TokenLogprobs, num_logprobs
+from roseinfer.runner.penalties import StepPenalties
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -43,6 +44,8 @@ class SamplingBatch:
     any_seeded: bool = False
     # Some row has a min_tokens: each step asks which rows are still under it (`Request.banned_token_ids`).
     any_min_tokens: bool = False
+    # Some row has a presence, frequency or repetition penalty: the step samples outside the decode graph.
+    any_penalties: bool = False
     # The most logprobs any row asks for a token (-1 resolved to the vocabulary); None: no row asks, and the
     # step computes none.
     num_logprobs: int | None = None
@@ -59,6 +62,7 @@ class SamplingBatch:
         all_greedy = all(greedy)
         any_seeded = any(g is not None for g in generators)
         any_min_tokens = any(p.min_tokens for p in params)
+        any_penalties = any(p.has_penalties for p in params)
         asked = [num_logprobs(p.logprobs, vocab_size) for p in params if p.logprobs is not None]
         most_logprobs = min(max(asked), vocab_size) if asked else None
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
@@ -75,6 +79,7 @@ class SamplingBatch:
                 shared_generator=shared_generator,
                 any_seeded=any_seeded,
                 any_min_tokens=any_min_tokens,
+                any_penalties=any_penalties,
                 num_logprobs=most_logprobs,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
@@ -104,6 +109,7 @@ class SamplingBatch:
             shared_generator=shared_generator,
             any_seeded=any_seeded,
             any_min_tokens=any_min_tokens,
+            any_penalties=any_penalties,
             num_logprobs=most_logprobs,
         )
 
@@ -188,11 +194,19 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, banned: BannedTokens | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    banned: BannedTokens | None = None,
+    penalties: StepPenalties | None = None,
+) -> torch.Tensor:
     """logits [N, V] (any float dtype) -> token ids [N] int64. `banned` tokens are set to -inf in `logits`
-    (in place) before anything else: greedy rows take the argmax of the rest, sampled rows draw from it."""
+    (in place) before anything else, then the `penalties` rows are penalized (in float32): greedy rows take
+    the argmax of the result, sampled rows draw from it."""
     if banned is not None:
         logits[banned] = float("-inf")
+    if penalties is not None:
+        logits = penalties.apply(logits)
     if _fused_sampling_for(logits, batch):
         return _sample_fused(logits, batch)
     if batch.all_greedy:  # the argmax needs no float32 copy of the logits
