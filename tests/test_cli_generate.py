@@ -184,3 +184,38 @@ def test_bad_logprobs_flags_are_argparse_errors(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["generate", flag, "-2"])
         assert exit_info.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err
+def test_generate_takes_the_penalty_flags(capsys):
+    """Each flag reaches its SamplingParams field: the tokens equal the offline API's with that field, and
+    differ from the free run's (greedy repeats ids there)."""
+    from roseinfer import LLM, SamplingParams
+    from roseinfer.models.loader import DEFAULT_MODEL
+
+    free = _greedy_ids(capsys, "--max-tokens", "8")
+    assert len(set(free)) < len(free)
+    llm = LLM(DEFAULT_MODEL, load_format="dummy", block_size=16)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]  # generate's default without a tokenizer
+    for flag, field, value in [
+        ("--presence-penalty", "presence_penalty", 2.0),
+        ("--frequency-penalty", "frequency_penalty", -1.5),
+        ("--repetition-penalty", "repetition_penalty", 5.0),
+    ]:
+        got = _greedy_ids(capsys, "--max-tokens", "8", flag, str(value))
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, **{field: value})
+        assert got == llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids, flag
+        assert got != free, flag
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--presence-penalty", "2.5"], "argument --presence-penalty:"),
+        (["--frequency-penalty", "-3"], "argument --frequency-penalty:"),
+        (["--frequency-penalty", "x"], "argument --frequency-penalty:"),
+        (["--repetition-penalty", "0"], "argument --repetition-penalty:"),
+        (["--repetition-penalty", "inf"], "argument --repetition-penalty:"),
+    ],
+)
+def test_bad_penalty_flags_are_argparse_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -4,6 +4,7 @@ the flag (exit 2), not a traceback from deep in the engine."""
 from __future__ import annotations
 
 import argparse
+import math
 
 import torch
 
@@ -31,6 +32,30 @@ def non_negative_int(text: str) -> int:
 def logprob_count(text: str) -> int:
     """How many logprobs a position: an integer >= 0, or -1 for the whole vocabulary."""
     return _int_at_least(text, -1)
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from e
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def additive_penalty(text: str) -> float:
+    """A number in [-2, 2] (presence and frequency penalties, as vLLM)."""
+    value = _finite_float(text)
+    if not -2.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"must be in [-2, 2], got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (the repetition penalty)."""
+    value = _finite_float(text)
+    if value <= 0.0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def token_ids(text: str) -> list[int]:

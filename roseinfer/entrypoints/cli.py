@@ -16,8 +16,10 @@ from types import ModuleType
 
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.entrypoints.arg_types import (
+    additive_penalty,
     logprob_count,
     non_negative_int,
+    positive_float,
     positive_int,
     power_of_two,
     token_ids,
@@ -106,6 +108,24 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="print each prompt token's logprob and rank, and the K most likely tokens there (-1: all)",
     )
+    parser.add_argument(
+        "--presence-penalty",
+        type=additive_penalty,
+        default=0.0,
+        help="subtracted from the logit of each id already in the output, in [-2, 2]",
+    )
+    parser.add_argument(
+        "--frequency-penalty",
+        type=additive_penalty,
+        default=0.0,
+        help="times an id's count in the output, subtracted from its logit, in [-2, 2]",
+    )
+    parser.add_argument(
+        "--repetition-penalty",
+        type=positive_float,
+        default=1.0,
+        help="divides a positive logit of each id in the prompt or output, multiplies another; 1: off",
+    )
     parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=power_of_two, default=16)
@@ -174,6 +194,9 @@ def run_generate(args: argparse.Namespace) -> int:
         min_tokens=args.min_tokens,
         logprobs=args.logprobs,
         prompt_logprobs=args.prompt_logprobs,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        repetition_penalty=args.repetition_penalty,
     )
     result = llm.generate([prompt], params, use_tqdm=False)[0]
     out = result.outputs[0]

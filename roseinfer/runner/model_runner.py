@@ -22,12 +22,12 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
+from roseinfer.runner.penalties import PenaltyTable, StepPenalties
 from roseinfer.runner.prompt_logprobs import (
     PromptLogprobsResult,
     compute_prompt_logprobs,
     prompt_logprobs_rows,
 )
-from roseinfer.runner.penalties import PenaltyTable, StepPenalties
 from roseinfer.runner.sampler import (
     BannedTokens,
     SamplingBatch,
