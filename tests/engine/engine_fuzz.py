@@ -1,7 +1,8 @@
 """A randomized LLMEngine driver: tiny pools, prefix caching on/off, pins, identical prompts, greedy n > 1,
 chunked prefill under small budgets, aborts at random points, requests that can never fit, every mode and
-admission policy, sync and async, min_tokens holding off a stop id the request would generate. Invariants after
-every step; greedy output against a reference engine with every cache feature off."""
+admission policy, sync and async, min_tokens holding off a stop id the request would generate, presence /
+frequency / repetition penalties. Invariants after every step; greedy output against a reference engine with
+every cache feature off."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class Reference:
         self.memo: dict[tuple, list[int]] = {}
 
     def __call__(self, prompt: list[int], params: SamplingParams) -> list[int]:
-        key = (tuple(prompt), params.max_tokens, tuple(params.stop_token_ids), params.min_tokens)
+        penalties = (params.presence_penalty, params.frequency_penalty, params.repetition_penalty)
+        key = (tuple(prompt), params.max_tokens, tuple(params.stop_token_ids), params.min_tokens, penalties)
         if key not in self.memo:
             p = SamplingParams(
                 temperature=0.0,
@@ -38,9 +40,24 @@ class Reference:
                 ignore_eos=True,
                 stop_token_ids=params.stop_token_ids,
                 min_tokens=params.min_tokens,
+                presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty,
+                repetition_penalty=params.repetition_penalty,
             )
             self.memo[key] = self.llm.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids
         return self.memo[key]
+
+
+def with_penalties(params: SamplingParams, rng: random.Random) -> SamplingParams:
+    """`params` with random presence, frequency and repetition penalties, a third of the time."""
+    if rng.random() >= 1 / 3:
+        return params
+    return replace(
+        params,
+        presence_penalty=rng.choice([0.0, -1.0, 1.5]),
+        frequency_penalty=rng.choice([0.0, 0.7, 2.0]),
+        repetition_penalty=rng.choice([1.0, 0.8, 1.5, 3.0]),
+    )
 
 
 def check_step(llm: LLM) -> None:
@@ -102,6 +119,9 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
                 ignore_eos=True,
                 stop_token_ids=[rng.randint(3, 300)] if rng.random() < 0.2 else [],
             )
+            # Penalties (their counts must survive preemption, chunks and async scheduling), from a stream
+            # of their own, so that the cases' other draws stay as they were.
+            params = with_penalties(params, random.Random(seed * 7_000_003 + i))
             # From a stream of its own, so that the cases' other draws stay as they were: a stop id the
             # request generates, held off by a min_tokens (its count must survive preemption and chunks).
             extra = random.Random(seed * 1_000_003 + i)
@@ -151,6 +171,7 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
     assert core.kv.pool.pinned == pinned_blocks
     assert not eng.groups, eng.groups
     assert not core.runner.generators
+    assert core.runner.penalty_table is None or not core.runner.penalty_table.slot_of
     assert core.kv.tables.rows_in_use == 0
     for rid, (prompt, params) in submitted.items():
         if rid in aborted:

@@ -1,4 +1,5 @@
-"""Async vs sync on many small configurations (greedy, seeded, stops, min_tokens, n > 1, tiny pools, modes)."""
+"""Async vs sync on many small configurations (greedy, seeded, stops, min_tokens, penalties, n > 1, tiny pools,
+modes)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from roseinfer import LLM, SamplingParams
+from tests.engine.engine_fuzz import with_penalties
 
 
 def token_ids(outs):
@@ -20,6 +22,7 @@ def assert_clean(llm: LLM) -> None:
     core.scheduler.check_invariants()
     assert core.kv.num_free_blocks == core.kv.num_blocks - len(core.kv.pool.pinned)
     assert not core.runner.generators, core.runner.generators
+    assert core.runner.penalty_table is None or not core.runner.penalty_table.slot_of
 
 
 def case(seed: int):
@@ -53,6 +56,8 @@ def case(seed: int):
         if extra.random() < 0.4:
             stops = sp.stop_token_ids + list(range(extra.randint(0, 1), 384, 2))
             sp = replace(sp, stop_token_ids=stops, min_tokens=extra.randint(0, mt))
+        # Penalties, counted alike with a token in flight or not (a stream of their own too).
+        sp = with_penalties(sp, random.Random(seed * 7_000_003 + i))
         params.append(sp)
     return kw, prompts, params
 
