@@ -55,6 +55,9 @@ class StepPenalties:
     fold_rows: torch.Tensor  # [F] int64
     fold_slots: torch.Tensor  # [F] int64
 
+    def __post_init__(self) -> None:
+        self._ones = torch.ones(len(self.fold_rows), dtype=torch.int32, device=self.fold_rows.device)
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [R, V] with the penalty rows penalized; float32 (the penalties are applied in float32, as
         vLLM's sampler does), in place where `logits` is float32 already."""
@@ -72,9 +75,8 @@ class StepPenalties:
 
     def fold(self, tokens: torch.Tensor) -> None:
         """Counts the step's sampled tokens [R] in their requests' rows, on the device."""
-        counts = self.table.counts
-        ones = torch.ones(len(self.fold_rows), dtype=counts.dtype, device=counts.device)
-        counts.index_put_((self.fold_slots, tokens[self.fold_rows].long()), ones, accumulate=True)
+        index = (self.fold_slots, tokens[self.fold_rows].long())
+        self.table.counts.index_put_(index, self._ones, accumulate=True)
 
 
 class PenaltyTable:
@@ -105,11 +107,8 @@ class PenaltyTable:
             self._fill(fresh, last_sampled)
         first = [k for k in rows if k == 0 or reqs[k - 1] is not reqs[k]]
         params = [reqs[k].params for k in rows]
-        values = np.array(
-            [[p.presence_penalty for p in params], [p.frequency_penalty for p in params]]
-            + [[p.repetition_penalty for p in params]],
-            np.float32,
-        )
+        names = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+        values = np.array([[getattr(p, name) for p in params] for name in names], np.float32)
         index = np.array(
             rows
             + [self.slot_of[reqs[k].uid] for k in rows]
