@@ -184,6 +184,8 @@ def test_bad_logprobs_flags_are_argparse_errors(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["generate", flag, "-2"])
         assert exit_info.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err
+
+
 def test_generate_takes_the_penalty_flags(capsys):
     """Each flag reaches its SamplingParams field: the tokens equal the offline API's with that field, and
     differ from the free run's (greedy repeats ids there)."""

@@ -32,6 +32,8 @@ def non_negative_int(text: str) -> int:
 def logprob_count(text: str) -> int:
     """How many logprobs a position: an integer >= 0, or -1 for the whole vocabulary."""
     return _int_at_least(text, -1)
+
+
 def _finite_float(text: str) -> float:
     try:
         value = float(text)
