@@ -56,8 +56,10 @@ def compute_prompt_logprobs(
 ) -> torch.Tensor:
     """`gather_logprobs`' packed rows [R, 2k + 3] (int32, on the device) for the job's rows of `hidden`, the
     lm_head (`compute_logits`) run over `SLICE_ROWS` rows at a time."""
-    pin = device.type == "cuda"
-    index = torch.tensor(np.stack((job.rows, job.targets)), pin_memory=pin).to(device, non_blocking=True)
+    index = torch.from_numpy(np.stack((job.rows, job.targets)))
+    if device.type == "cuda":  # from pinned memory: a copy from pageable memory would wait for queued steps
+        index = index.pin_memory()
+    index = index.to(device, non_blocking=True)
     rows, targets = index[0], index[1]
     n = rows.numel()
     packed = torch.empty((n, 2 * job.k + 3), dtype=torch.int32, device=device)
