@@ -122,9 +122,10 @@ class LLMEngine:
 
     def _check_logprobs(self, params: SamplingParams) -> None:
         """As vLLM: at most `max_logprobs` a token, for the output's and the prompt's logprobs alike, -1 (the
-        whole vocabulary) and a cap of -1 counting as the vocabulary's size."""
+        whole vocabulary) and a cap of -1 counting as the vocabulary's size. Never more than the vocabulary
+        holds, whatever the cap."""
         vocab = self.model_config.vocab_size
-        cap = num_logprobs(self.config.max_logprobs, vocab)
+        cap = min(num_logprobs(self.config.max_logprobs, vocab), vocab)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value and (asked := num_logprobs(value, vocab)) > cap:
