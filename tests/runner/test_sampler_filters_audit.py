@@ -1,0 +1,54 @@
+"""Gaps the mutation audit of runner/sampler.py and logprobs.py found: each test compares against a plain-Python
+reference of the documented semantics (vLLM's: top-k first, then top-p on the distribution top-k leaves)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from roseinfer.logprobs import TokenLogprobs, position_logprobs
+from roseinfer.runner.sampler import apply_top_k_top_p
+
+
+def kept_by_reference(probs: list[float], top_k: int, top_p: float) -> set[int]:
+    """The tokens top-k then top-p keep: top-k by probability, renormalised, then the smallest most-likely-first
+    prefix whose mass reaches top_p (the top token always stays)."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])[:top_k]
+    total = sum(probs[i] for i in order)
+    kept, mass = set(), 0.0
+    for i in order:
+        if kept and mass >= top_p:
+            break
+        kept.add(i)
+        mass += probs[i] / total
+    return kept
+
+
+def test_top_p_measures_the_mass_that_top_k_leaves():
+    # top-k=2 leaves 0.4 and 0.35, renormalised 0.533 and 0.467: a top_p of 0.5 is reached by the first alone
+    # (measured on the whole distribution it would not be: 0.4 < 0.5).
+    probs = [0.4, 0.35, 0.25]
+    masked = apply_top_k_top_p(torch.tensor([probs]).log(), torch.tensor([2]), torch.tensor([0.5]))
+    kept = {i for i in range(3) if math.isfinite(masked[0, i].item())}
+    assert kept == kept_by_reference(probs, 2, 0.5) == {0}
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 30, generator=g)
+    for top_p in (1e-6, 1e-9):
+        masked = apply_top_k_top_p(logits, None, torch.full((4,), top_p))
+        finite = torch.isfinite(masked)
+        assert finite.sum(dim=-1).tolist() == [1, 1, 1, 1]
+        assert torch.equal(masked.argmax(dim=-1), logits.argmax(dim=-1))
+
+
+def test_a_sampled_token_in_the_top_k_takes_its_top_k_rank():
+    # Token 5 was sampled; it ties token 9, so "tokens at least as likely" counts it second (rank 2), while the
+    # top-k lists it first. As vLLM's dict: the sampled token first, with the rank of its top-k place.
+    raw = TokenLogprobs(token_ids=[5, 5, 9, 3], logprobs=[-0.7, -0.7, -0.7, -2.0], rank=2)
+    entry = position_logprobs(raw, 3, None)
+    assert list(entry) == [5, 9, 3]
+    assert [lp.rank for lp in entry.values()] == [1, 2, 3]
+    assert [lp.logprob for lp in entry.values()] == [-0.7, -0.7, -2.0]
