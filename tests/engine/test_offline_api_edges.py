@@ -1,0 +1,46 @@
+"""Edges of the offline entrypoint (`entrypoints/llm.py`) the mutation audit found untested."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from roseinfer import LLM, SamplingParams
+from roseinfer.entrypoints.llm import load_prefix_file, make_engine_config
+
+MAX_POSITIONS = 512  # the tiny llama's max_position_embeddings
+
+
+def test_an_empty_batch_gives_no_outputs(llm: LLM) -> None:
+    assert llm.generate([], SamplingParams(max_tokens=2), use_tqdm=False) == []
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    ("asked", "want"), [(None, MAX_POSITIONS), (0, MAX_POSITIONS), (MAX_POSITIONS, MAX_POSITIONS), (7, 7)]
+)
+def test_max_model_len_zero_or_none_is_the_model_s_and_its_own_limit_is_allowed(
+    llama_dir, asked, want
+) -> None:
+    config, _ = make_engine_config(llama_dir, device="cpu", max_model_len=asked)
+    assert config.max_model_len == want
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_engine_config(llama_dir, device="cpu", max_model_len=MAX_POSITIONS + 1)
+
+
+def test_a_prefix_file_of_json_lines_may_hold_blank_lines(tmp_path) -> None:
+    path = tmp_path / "prefixes.jsonl"
+    path.write_text('"a system prompt"\n\n[1, 2, 3]\n   \n')
+    assert load_prefix_file(str(path)) == ["a system prompt", [1, 2, 3]]
+    listed = tmp_path / "prefixes.json"
+    listed.write_text(json.dumps(["x", [4, 5]]))
+    assert load_prefix_file(str(listed)) == ["x", [4, 5]]
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '["ok", {"prompt": "no"}]', '"ok"\n3\n'])
+def test_a_prefix_file_of_anything_but_prompts_is_a_value_error_naming_it(tmp_path, content) -> None:
+    path = tmp_path / "prefixes.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="prefixes.json"):
+        load_prefix_file(str(path))
