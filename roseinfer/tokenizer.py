@@ -100,8 +100,16 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # The decoding window's ids: the prompt's, then the output's but for the special tokens decoding skips.
+        # Those never enter it, as `decode(all ids, skip_special_tokens=True)` never sees them: kept as context
+        # they would pile up, and pushed out they would leave a SentencePiece-style decoder no text before the
+        # next word, whose leading space it then strips.
         self._ids: list[int] = [int(i) for i in prompt_token_ids]
-        self._num_prompt = len(self._ids)
+        self._output_ids: list[int] = []
+        self._specials = (
+            frozenset(getattr(tokenizer, "all_special_ids", ())) if skip_special_tokens else frozenset()
+        )
+        self._skipped: dict[int, bool] = {}
         self._read_offset = len(self._ids)
         self._prefix_offset = max(len(self._ids) - self.PROMPT_CONTEXT, 0)
         self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
@@ -123,7 +131,7 @@ class IncrementalDetokenizer:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self._ids[self._num_prompt :]
+        return list(self._output_ids)
 
     @property
     def num_pending_tokens(self) -> int:
@@ -140,6 +148,9 @@ class IncrementalDetokenizer:
         return "".join([self._add_one(int(i)) for i in new_token_ids])
 
     def _add_one(self, token_id: int) -> str:
+        self._output_ids.append(token_id)
+        if token_id in self._specials and self._skips(token_id):
+            return ""
         self._ids.append(token_id)
         n = len(self._ids)
         new_text = self._decode(self._prefix_offset, n)
@@ -166,10 +177,20 @@ class IncrementalDetokenizer:
         return self._advance(self._decode(self._prefix_offset, n), n)
 
     # -- internals ----------------------------------------------------------------------------------------
+    def _skips(self, token_id: int) -> bool:
+        """Whether decoding drops this special token (asked of the tokenizer once per id)."""
+        skipped = self._skipped.get(token_id)
+        if skipped is None:
+            skipped = self._skipped[token_id] = self._decode_ids([token_id]) == ""
+        return skipped
+
     def _decode(self, start: int, end: int) -> str:
         if start >= end:
             return ""
-        text = self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
+        return self._decode_ids(self._ids[start:end])
+
+    def _decode_ids(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
         if not isinstance(text, str):  # pragma: no cover - only for misbehaving tokenizers
             raise TypeError(f"tokenizer.decode returned {type(text).__name__}, expected str")
         return text

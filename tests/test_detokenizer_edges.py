@@ -1,16 +1,33 @@
-"""IncrementalDetokenizer edges the mutation audit found untested: a pile of skipped special tokens (work must
+"""IncrementalDetokenizer edges the mutation audit found untested: skipped special tokens between words of a
+SentencePiece-style decoder (which strips a leading space where no text comes before), a pile of them (work must
 stay linear), and a decoder whose invalid-byte text is not prefix-stable (the hard cap must still push it out)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from transformers import PreTrainedTokenizerBase
 
 from roseinfer.tokenizer import IncrementalDetokenizer
-from tests.test_tokenizer import encode, stream, tok  # noqa: F401 (a fixture)
+from tests.test_tokenizer import encode, sp_tok, stream, tok  # noqa: F401 (fixtures)
 
 FFFD = "\ufffd"
+
+
+@pytest.mark.parametrize("specials", [1, 3, 9, 30])
+def test_skipped_special_tokens_between_words_keep_the_space(
+    sp_tok: PreTrainedTokenizerBase,  # noqa: F811
+    specials: int,
+) -> None:
+    """The streamed text is the whole output decoded at once, however many skipped specials sit between two
+    words (past MAX_PENDING of them, the word after them once lost its leading space)."""
+    ids = encode(sp_tok, "Hello") + [sp_tok.eos_token_id] * specials + encode(sp_tok, "world")
+    want = sp_tok.decode(ids, skip_special_tokens=True)
+    assert want == "Hello world"
+    det = IncrementalDetokenizer(sp_tok, [sp_tok.bos_token_id])
+    assert "".join(stream(det, ids)) == want == det.text
+    assert det.output_token_ids == ids
 
 
 def test_a_pile_of_skipped_special_tokens_decodes_small_windows(tok: PreTrainedTokenizerBase) -> None:  # noqa: F811
