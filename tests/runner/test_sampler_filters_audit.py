@@ -8,7 +8,8 @@ import math
 import torch
 
 from roseinfer.logprobs import TokenLogprobs, position_logprobs
-from roseinfer.runner.sampler import apply_top_k_top_p
+from roseinfer.runner.sampler import SamplingBatch, apply_top_k_top_p, sample
+from roseinfer.sampling_params import SamplingParams
 
 
 def kept_by_reference(probs: list[float], top_k: int, top_p: float) -> set[int]:
@@ -52,3 +53,21 @@ def test_a_sampled_token_in_the_top_k_takes_its_top_k_rank():
     assert list(entry) == [5, 9, 3]
     assert [lp.rank for lp in entry.values()] == [1, 2, 3]
     assert [lp.logprob for lp in entry.values()] == [-0.7, -0.7, -2.0]
+
+
+def test_min_p_keeps_tokens_exactly_at_its_floor():
+    """Min-p drops the tokens *less* likely than min_p times the most likely one: min_p=1 keeps the most likely
+    token (sampling turns greedy), and a token exactly at the floor stays."""
+    logits = torch.randn(64, 20, generator=torch.Generator().manual_seed(1))
+    batch = SamplingBatch.build(
+        [SamplingParams(temperature=1.0, min_p=1.0)] * 64, [None] * 64, 20, torch.device("cpu")
+    )
+    assert torch.equal(sample(logits.clone(), batch), logits.argmax(dim=-1))
+    probs = torch.tensor([[0.5, 0.25, 0.25]])  # floor of min_p=0.5: 0.25, which both others reach
+    n = 3000
+    rows = probs.log().expand(n, -1).clone()
+    batch = SamplingBatch.build(
+        [SamplingParams(temperature=1.0, min_p=0.5)] * n, [None] * n, 3, torch.device("cpu")
+    )
+    batch.shared_generator = torch.Generator().manual_seed(2)
+    assert set(sample(rows, batch).tolist()) == {0, 1, 2}
