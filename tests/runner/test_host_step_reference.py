@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from roseinfer.kv.block_tables import BlockTables
-from roseinfer.runner.inputs import build_host_step
+from roseinfer.runner.inputs import Staging, build_host_step, fill_pending, upload_step
 from roseinfer.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 
 
@@ -103,3 +104,33 @@ def test_a_scheduled_request_without_a_mirror_row_is_refused() -> None:
     )
     with pytest.raises(RuntimeError, match="block-table row"):
         build_host_step(out, block_size=4)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_uploaded_step_carries_the_host_step_and_fills_pending_ids(seed: int) -> None:
+    """upload_step: the device views equal the host arrays, the metadata's maxima are the batch's, and each
+    pending input id is the previous step's sampled token of its request's row."""
+    rng = random.Random(seed)
+    sched = random_batch(rng, 4, decode_only=seed % 2 == 0)
+    step = build_host_step(SchedulerOutput(sched), 4)
+    prev = torch.tensor([rng.randint(1000, 2000) for _ in range(8)])
+    ids, pos, meta, logits_index = upload_step(step, Staging(torch.device("cpu"), capacity=16), prev)
+    want_ids = step.input_ids.copy()
+    for s, row in zip(sched, np.cumsum([s.num_new_tokens for s in sched]) - 1, strict=True):
+        if s.start + s.num_new_tokens > len(s.request.all_token_ids):
+            want_ids[row] = int(prev[s.request.pending_row])
+    np.testing.assert_array_equal(ids.numpy(), want_ids)
+    np.testing.assert_array_equal(pos.numpy(), step.positions)
+    np.testing.assert_array_equal(logits_index.numpy(), step.logits_index)
+    np.testing.assert_array_equal(meta.slot_mapping.numpy(), step.slot_mapping)
+    np.testing.assert_array_equal(meta.block_tables.numpy(), step.block_tables)
+    assert meta.seq_lens.tolist() == meta.seq_lens_cpu == [s.start + s.num_new_tokens for s in sched]
+    assert meta.query_start_loc.tolist() == meta.query_start_loc_cpu == step.query_start_loc.tolist()
+    assert meta.max_seq_len == max(s.start + s.num_new_tokens for s in sched)
+    assert meta.max_query_len == max(s.num_new_tokens for s in sched)
+
+
+def test_pending_ids_without_an_earlier_step_are_refused() -> None:
+    ids = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="pending"):
+        fill_pending(ids, torch.tensor([2], dtype=torch.int32), torch.tensor([0], dtype=torch.int32), None)
