@@ -71,3 +71,21 @@ def test_min_p_keeps_tokens_exactly_at_its_floor():
     )
     batch.shared_generator = torch.Generator().manual_seed(2)
     assert set(sample(rows, batch).tolist()) == {0, 1, 2}
+
+
+def test_min_p_measures_the_tempered_distribution():
+    """vLLM's order: temperature first, then min-p. At temperature 2, [0.6, 0.3, 0.1] becomes about
+    [0.47, 0.33, 0.19]: a min_p of 0.3 (floor 0.14) keeps the third token, which the untempered floor (0.18)
+    would drop."""
+    probs = [0.6, 0.3, 0.1]
+    tempered = [p**0.5 for p in probs]
+    tempered = [p / sum(tempered) for p in tempered]
+    kept = {i for i, p in enumerate(tempered) if p >= 0.3 * max(tempered)}
+    assert kept == {0, 1, 2}
+    n = 4000
+    rows = torch.tensor([probs]).log().expand(n, -1).clone()
+    batch = SamplingBatch.build(
+        [SamplingParams(temperature=2.0, min_p=0.3)] * n, [None] * n, 3, torch.device("cpu")
+    )
+    batch.shared_generator = torch.Generator().manual_seed(3)
+    assert set(sample(rows, batch).tolist()) == kept
