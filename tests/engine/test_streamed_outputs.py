@@ -74,3 +74,10 @@ def test_an_output_s_prompt_ids_are_the_caller_s_to_change(llm: LLM) -> None:
                 o.prompt_token_ids.append(99)
     assert all(o.prompt_token_ids == [*PROMPT, 99] for o in outs)  # each its own copy, edited once
     assert outs[-1].outputs[0].token_ids == want
+
+
+def test_a_running_sequence_has_no_finish_reason(llm: LLM) -> None:
+    outs = stream(llm, greedy(5, ignore_eos=True))
+    assert len(outs) > 1
+    assert all(not o.finished and o.outputs[0].finish_reason is None for o in outs[:-1])
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
