@@ -45,3 +45,8 @@ def test_without_chunked_prefill_a_prompt_of_exactly_the_budget_runs(llama_dir) 
         llm.generate([list(range(10, 26)), list(range(10, 27))], params, use_tqdm=False)
     assert list(info.value.errors) == [1]
     assert len(info.value.outputs[0].outputs[0].token_ids) == 2
+
+
+def test_booleans_are_not_token_ids(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="prompt token id True at position 1 is outside"):
+        llm.generate([[5, True, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
