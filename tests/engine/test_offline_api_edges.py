@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.entrypoints.llm import load_prefix_file, make_engine_config
@@ -44,3 +46,35 @@ def test_a_prefix_file_of_anything_but_prompts_is_a_value_error_naming_it(tmp_pa
     path.write_text(content)
     with pytest.raises(ValueError, match="prefixes.json"):
         load_prefix_file(str(path))
+
+
+def test_auto_dtype_is_float32_on_cpu_and_half_precision_on_cuda(llama_dir, tmp_path) -> None:
+    """As vLLM: "auto" serves the checkpoint's dtype, a float32 one in bf16 on the GPU; on the CPU always float32
+    (no device is touched: the config only names it)."""
+    config = json.loads((Path(llama_dir) / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    bf16_dir = str(tmp_path)
+    want = {
+        (llama_dir, "cpu"): (torch.float32, "torch"),
+        (llama_dir, "cuda"): (torch.bfloat16, "triton"),
+        (bf16_dir, "cpu"): (torch.float32, "torch"),
+        (bf16_dir, "cuda"): (torch.bfloat16, "triton"),
+    }
+    for (model, device), (dtype, backend) in want.items():
+        got, _ = make_engine_config(model, device=device, load_format="dummy")
+        assert (got.dtype, got.attention_backend) == (dtype, backend), (model, device)
+
+
+def test_a_prefix_file_is_pinned_after_the_listed_prefixes(llama_dir, tmp_path) -> None:
+    path = tmp_path / "prefixes.json"
+    path.write_text(json.dumps([list(range(30, 35))]))
+    llm = LLM(
+        llama_dir,
+        device="cpu",
+        block_size=4,
+        pinned_prefixes=[list(range(20, 29))],
+        pin_prefix_file=str(path),
+    )
+    assert llm.pinned_tokens == [8, 4]
+    assert len(llm.engine.core.kv.pool.pinned) == 3
