@@ -57,3 +57,37 @@ def test_invalid_text_that_is_not_prefix_stable_is_still_pushed_out() -> None:
     det = IncrementalDetokenizer(Unstable(), [])  # type: ignore[arg-type]
     emitted = "".join(det.add([7]) for _ in range(300))
     assert emitted and det.num_pending_tokens < 150
+
+
+class Undeclared:
+    """A tokenizer that declares no special ids: tokens that decode to nothing are then kept as context, and
+    pushed out only once they pile up."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, calls: list[int] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.calls = calls
+
+    def decode(self, ids: list[int], **kwargs: Any) -> str:
+        if self.calls is not None:
+            self.calls.append(len(ids))
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+@pytest.mark.parametrize("empty", [1, 3])
+def test_a_few_tokens_that_decode_to_nothing_stay_as_context(
+    sp_tok: PreTrainedTokenizerBase,  # noqa: F811
+    empty: int,
+) -> None:
+    ids = encode(sp_tok, "Hello") + [sp_tok.eos_token_id] * empty + encode(sp_tok, "world")
+    det = IncrementalDetokenizer(Undeclared(sp_tok), [sp_tok.bos_token_id])  # type: ignore[arg-type]
+    assert "".join(stream(det, ids)) == "Hello world"
+
+
+def test_a_pile_of_tokens_that_decode_to_nothing_decodes_small_windows(
+    tok: PreTrainedTokenizerBase,  # noqa: F811
+) -> None:
+    window_sizes: list[int] = []
+    ids = encode(tok, "Hello world") + [tok.eos_token_id] * 300 + encode(tok, " done")
+    det = IncrementalDetokenizer(Undeclared(tok, window_sizes), [])  # type: ignore[arg-type]
+    assert "".join(stream(det, ids)) == "Hello world done"
+    assert max(window_sizes) <= 32  # bounded: not the pile
