@@ -15,23 +15,12 @@ from roseinfer.models import llama
 from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
 from tests.engine.test_logprobs import check_outputs, check_sample
 from tests.engine.test_logprobs import reference as reference_logprobs
+from tests.gpu.conftest import free_gpu
 from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
 from tests.models.test_hf_parity import hf_greedy, hf_regret, random_prompts
-from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
+from tests.models.tiny_models import save_hf_model
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
-def model_dir(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"gpu-{request.param}")
-    model = save_hf_model(request.param, directory)
-    return model, str(directory)
-
-
-def free_gpu() -> None:
-    gc.collect()  # engines tests tie in cycles of their own
-    torch.cuda.empty_cache()
 
 
 @pytest.fixture(autouse=True)

@@ -5,32 +5,16 @@ reference of `tests/engine/test_penalties.py`, in float32."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
-import torch
 
 from roseinfer import LLM, SamplingParams
 from tests.engine.test_penalties import check_greedy
+from tests.gpu.conftest import free_gpu
 from tests.models.test_hf_parity import random_prompts
-from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
 
 pytestmark = pytest.mark.gpu
 
 DEVICE, BACKEND = "cuda", "triton"
-
-
-@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
-def model_dir(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"gpu-penalties-{request.param}")
-    model = save_hf_model(request.param, directory)
-    return model, str(directory)
-
-
-def free_gpu() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def engine(directory: str, graphs: bool, **kwargs) -> LLM:

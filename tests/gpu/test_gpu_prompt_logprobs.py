@@ -4,33 +4,18 @@ torch backend (eager) in float32."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
-import torch
 
 from roseinfer import LLM, SamplingParams
 from tests.engine.test_logprobs import check_position
 from tests.engine.test_prompt_logprobs import reference
+from tests.gpu.conftest import free_gpu
 from tests.models.test_hf_parity import random_prompts
-from tests.models.tiny_models import TINY_CONFIGS, save_hf_model
 
 pytestmark = pytest.mark.gpu
 
 LENGTHS = [1, 3, 17, 64, 100, 230]  # one token; within, at and past a step's budget of 64
 KS = [2, 5, 0, 5, -1, 20]  # -1: the whole vocabulary
-
-
-@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
-def model_dir(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"gpu-plp-{request.param}")
-    model = save_hf_model(request.param, directory)
-    return model, str(directory)
-
-
-def free_gpu() -> None:
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def engine(directory: str, dtype: str, backend: str, eager: bool) -> LLM:
