@@ -16,15 +16,11 @@ from torch import nn
 
 from roseinfer.config import EngineConfig
 from roseinfer.engine.core import EngineCore
+from roseinfer.engine.request_outputs import RequestGroup
 from roseinfer.logprobs import (
-    PromptLogprobs,
-    SampleLogprobs,
-    TokenLogprobs,
     num_logprobs,
-    position_logprobs,
-    prompt_position_logprobs,
 )
-from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from roseinfer.outputs import RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 
@@ -48,7 +44,7 @@ class LLMEngine:
         eos = self.model_config.eos_token_ids
         self.eos_token_ids = eos + (tok_eos,) if isinstance(tok_eos, int) and tok_eos not in eos else eos
         self.core = EngineCore(config, model_path, model)
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, RequestGroup] = {}
         self.num_generated_tokens = 0
         self._ids = itertools.count()
         # What a failed step raised: its state is half updated (tokens pending that no step resolves, blocks
@@ -175,7 +171,7 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) can never fit the "
                 f"{open_blocks} KV blocks of {kv.block_size} tokens that pinned prefixes leave it"
             )
-        self.groups[rid] = _Group(req, self)
+        self.groups[rid] = RequestGroup(req, self)
         self.core.add_request(req)
         return rid
 
@@ -245,7 +241,7 @@ class LLMEngine:
     def _step(self, final_only: bool) -> list[RequestOutput]:
         got, _ = self.core.step()
         self.num_generated_tokens += len(got)
-        touched: dict[str, tuple[_Group, Request]] = {}
+        touched: dict[str, tuple[RequestGroup, Request]] = {}
         for req in got:
             root = req.parent or req
             group = self.groups.get(root.request_id)
@@ -262,131 +258,6 @@ class LLMEngine:
             if group.finished:
                 del self.groups[rid]
         return outputs
-
-
-class _Sequence:
-    """One sample's text state, and its logprob dicts, kept outside the step loop."""
-
-    def __init__(self, req: Request, detok: Any | None, engine: LLMEngine) -> None:
-        self.req = req
-        self.detok = detok
-        self.text = ""
-        self.num_seen = 0  # output tokens already detokenized
-        self.logprobs: SampleLogprobs = []  # one dict per output token, built as outputs are made
-        self.num_logprobs = num_logprobs(req.params.logprobs, engine.model_config.vocab_size)
-        self.decode = engine.token_text
-
-    def on_token(self, engine: LLMEngine) -> None:
-        """Takes every output token not seen yet, in order: with async scheduling one engine step can
-        apply two tokens to a request (the step in flight and a step resolved at once)."""
-        if self.detok is None:
-            return  # no text to build: the output reads the token ids when it is made
-        req = self.req
-        while self.num_seen < len(req.output_token_ids):
-            self.num_seen += 1
-            if self._take(req.output_token_ids[self.num_seen - 1], engine):
-                return
-
-    def _take(self, token: int, engine: LLMEngine) -> bool:
-        """Detokenizes one token; True when a stop string ends the sequence at it."""
-        req = self.req
-        last = self.num_seen == len(req.output_token_ids)
-        before = len(self.text)
-        # As vLLM: a stop token id (or eos) that ends the sequence keeps its id but adds no text.
-        stop_token = last and req.status is RequestStatus.FINISHED_STOPPED and req.stop_reason == token
-        if not stop_token:
-            self.text += self.detok.add([token])
-        if req.is_finished and last:
-            self.text += self.detok.flush()
-        stops = req.params.stop
-        # As vLLM, no stop string ends a sequence within its first min_tokens tokens: their text is never
-        # searched again, though a match may begin in it and end in a later token's text.
-        if not stops or self.num_seen <= req.params.min_tokens:
-            return False
-        # Only the new text, plus the overlap a stop string could straddle, needs searching.
-        found = [(i, s) for s in stops if (i := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
-        if not found:
-            return False
-        hit, stop = min(found)
-        self.text = self.text[: hit + len(stop) if req.params.include_stop_str_in_output else hit]
-        req.stop_reason = stop
-        req.drop_last_tokens(len(req.output_token_ids) - self.num_seen)  # generated past the stop meanwhile
-        if req.is_finished:
-            req.status = RequestStatus.FINISHED_STOPPED
-        else:
-            engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
-        return True
-
-    def output(self) -> CompletionOutput:
-        req = self.req
-        reason = req.stop_reason
-        if isinstance(reason, int) and reason not in req.params.stop_token_ids:
-            reason = None  # an eos id: vLLM reports no stop reason for it
-        text = self.text
-        if req.params.stop and not req.params.include_stop_str_in_output and not req.is_finished:
-            # As vLLM: hold back what could still begin a stop string, so streamed text is never cut back.
-            text = text[: max(len(text) - max(len(s) for s in req.params.stop) + 1, 0)]
-        out = CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
-        if req.logprobs is not None:
-            out.logprobs = self._logprobs(req.logprobs)
-            out.cumulative_logprob = req.cumulative_logprob
-        return out
-
-    def _logprobs(self, raw: list[TokenLogprobs]) -> SampleLogprobs:
-        """One dict per output token (as vLLM, each token's text decoded alone), built once per token: a
-        streamed output's list extends the one before."""
-        del self.logprobs[len(raw) :]  # tokens dropped past a stop string (never shown yet)
-        for entry in raw[len(self.logprobs) :]:
-            self.logprobs.append(position_logprobs(entry, self.num_logprobs, self.decode))
-        return list(self.logprobs)
-
-
-class _Group:
-    """A request and, for n > 1, the samples forked from it after its prefill."""
-
-    def __init__(self, req: Request, engine: LLMEngine) -> None:
-        self.root = req
-        self.engine = engine
-        self.seqs = [_Sequence(req, engine.detokenizer(req), engine)]
-        self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
-        self.prompt_logprobs: PromptLogprobs | None = None  # built once, with the first output
-
-    def on_token(self, req: Request) -> None:
-        if req.sample_index >= len(self.seqs):
-            self.seqs.append(_Sequence(req, self.engine.detokenizer(req), self.engine))
-        if self.has_text:
-            self.seqs[req.sample_index].on_token(self.engine)
-
-    @property
-    def finished(self) -> bool:
-        return len(self.seqs) == self.root.params.n and all(seq.req.is_finished for seq in self.seqs)
-
-    def output(self) -> RequestOutput:
-        root = self.root
-        return RequestOutput(
-            request_id=root.request_id,
-            prompt=root.prompt,
-            prompt_token_ids=list(root.prompt_token_ids),  # the caller's to keep: not the request's own list
-            outputs=[seq.output() for seq in self.seqs],
-            finished=self.finished,
-            num_cached_tokens=root.num_cached_tokens,
-            metrics=RequestMetrics(
-                root.arrival_time,
-                root.first_token_time,
-                max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
-            ),
-            prompt_logprobs=self._prompt_logprobs(),
-        )
-
-    def _prompt_logprobs(self) -> PromptLogprobs | None:
-        """The prompt's entries (None first), complete by the first output: its prompt has been computed."""
-        root, raw = self.root, self.root.prompt_logprobs
-        if raw is not None and self.prompt_logprobs is None:
-            if root.needs_prompt_logprobs:
-                raise RuntimeError(f"{root} has {len(raw)} prompt logprobs at its first output")
-            k = num_logprobs(root.params.prompt_logprobs, self.engine.model_config.vocab_size)
-            self.prompt_logprobs = prompt_position_logprobs(raw, k, self.engine.token_text)
-        return None if self.prompt_logprobs is None else list(self.prompt_logprobs)
 
 
 def checked_token_ids(prompt: list, vocab: int) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.engine.core import EngineCore
-from roseinfer.engine.llm_engine import _Group
+from roseinfer.engine.request_outputs import RequestGroup
 from roseinfer.request import Request, RequestStatus
 from roseinfer.runner.model_runner import ModelRunner
 
@@ -29,7 +29,7 @@ def test_a_finished_request_keeping_its_generator_is_caught(
 def test_an_idle_engine_keeping_a_request_group_is_caught(
     llama_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_Group, "finished", property(lambda self: False))
+    monkeypatch.setattr(RequestGroup, "finished", property(lambda self: False))
     llm = make(llama_dir)
     with pytest.raises(AssertionError, match="idle engine keeps request groups"):
         llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)

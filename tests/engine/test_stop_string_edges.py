@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from roseinfer import LLM, SamplingParams
-from roseinfer.engine.llm_engine import _Sequence
+from roseinfer.engine.request_outputs import SequenceOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.tokenizer import IncrementalDetokenizer, load_tokenizer
 from tests.engine.test_min_tokens import prefer
@@ -38,7 +38,7 @@ def test_two_tokens_taken_at_the_end_keep_a_character_whole(hf_tokenizer_dir) ->
         req.append_token(t)
     req.status = RequestStatus.FINISHED_LENGTH
     engine = SimpleNamespace(model_config=SimpleNamespace(vocab_size=len(tokenizer)), token_text=None)
-    seq = _Sequence(req, IncrementalDetokenizer(tokenizer, prompt), engine)  # type: ignore[arg-type]
+    seq = SequenceOutput(req, IncrementalDetokenizer(tokenizer, prompt), engine)  # type: ignore[arg-type]
     seq.on_token(engine)  # type: ignore[arg-type]
     assert seq.text == "🚀" == tokenizer.decode(req.output_token_ids)
     assert seq.output().text == "🚀"
