@@ -46,7 +46,7 @@ def check_holds_nothing(core: EngineCore, requests: Iterable[Request]) -> None:
             raise AssertionError(f"{r} returned as finished")
         if r.block_ids or r.table_row >= 0:
             raise AssertionError(f"finished {r} holds blocks or a block-table row")
-        if core.runner._generator_key(r) in core.runner.generators:
+        if core.runner.sampling.generator_key(r) in core.runner.sampling.generators:
             raise AssertionError(f"finished {r} still has a sampling generator")
 
 
@@ -62,8 +62,8 @@ def check_core(core: EngineCore) -> None:
             raise AssertionError(f"idle engine: {kv.num_free_blocks} of {kv.num_blocks} blocks free")
         if kv.tables.rows_in_use:
             raise AssertionError(f"idle engine: {kv.tables.rows_in_use} block-table rows in use")
-        if core.runner.generators:
-            raise AssertionError(f"idle engine keeps generators {list(core.runner.generators)}")
+        if core.runner.sampling.generators:
+            raise AssertionError(f"idle engine keeps generators {list(core.runner.sampling.generators)}")
 
 
 def check_aborted(engine: LLMEngine, roots: list[Request]) -> None:

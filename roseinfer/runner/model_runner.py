@@ -22,25 +22,21 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
-from roseinfer.runner.penalties import PenaltyTable, StepPenalties
 from roseinfer.runner.prompt_logprobs import (
     PromptLogprobsResult,
     compute_prompt_logprobs,
     prompt_logprobs_rows,
 )
 from roseinfer.runner.sampler import (
-    BannedTokens,
-    SamplingBatch,
-    banned_pairs,
     compute_logprobs,
     gather_logprobs,
     sample,
 )
+from roseinfer.runner.sampling_state import SamplingState
 from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 _REQUEST = attrgetter("request")
-_UID = attrgetter("uid")
 
 
 def release_dead_engines(device: torch.device) -> None:
@@ -90,7 +86,6 @@ class ModelRunner:
                 config.pdl_decode and pdl_supported(self.device) and self.model.pdl_decode_pays
             )
         self.kv_cache: torch.Tensor | None = None
-        self.generators: dict[str, torch.Generator] = {}
         self.staging = Staging(self.device)  # start-up profiling and benchmarks
         self.stagings = (Staging(self.device), Staging(self.device))  # alternate launches
         self.num_launches = 0
@@ -105,14 +100,8 @@ class ModelRunner:
         # Steps launched by each path: decode graph, mixed-step graph, eager; and of the last two, those
         # whose prefill attention cut some chunk's keys across programs.
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0}
-        self._sampling_key: tuple[int, ...] = ()
-        self._sampling_cache: SamplingBatch | None = None
-        # Penalty rows of the cached batch, and the table of output counts they read (made on first use).
-        self._penalties: StepPenalties | None = None
-        self.penalty_table: PenaltyTable | None = None
+        self.sampling = SamplingState(self.cfg.vocab_size, self.device, config.seed)
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
-        # Noise of eagerly sampled rows without a seed of their own (the graphs take theirs from _seeds).
-        self._unseeded = torch.Generator(device=self.device).manual_seed(config.seed)
 
     # -- KV cache ---------------------------------------------------------------------------------
 
@@ -275,9 +264,9 @@ class ModelRunner:
             rows = step.sample_rows.tolist()
             sched = out.scheduled
             reqs = list(map(_REQUEST, sched)) if step.one_sample_each else [sched[i].request for i in rows]
-            batch = self._sampling_batch(rows, reqs) if rows else None
-            banned = self._banned(reqs) if batch is not None and batch.any_min_tokens else None
-            penalties = self._penalties if batch is not None and batch.any_penalties else None
+            batch = self.sampling.batch(rows, reqs, self.last_sampled) if rows else None
+            banned = self.sampling.banned(reqs) if batch is not None and batch.any_min_tokens else None
+            penalties = self.sampling.penalties if batch is not None and batch.any_penalties else None
         graph_tokens = None
         prompt = None
         with record("forward"):
@@ -352,55 +341,6 @@ class ModelRunner:
             done.record()
         return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each, host_logprobs, prompt)
 
-    def _banned(self, reqs: list[Request]) -> BannedTokens | None:
-        """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None
-        where no row is under it, so that such steps sample as fast as any."""
-        return banned_pairs([r.banned_token_ids() for r in reqs], self.cfg.vocab_size, self.device)
-
-    def _sampling_batch(self, rows: list[int], reqs: list[Request]) -> SamplingBatch:
-        """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same
-        requests in the same order for many steps. Keyed by internal uids, which are never reused."""
-        key = tuple(map(_UID, reqs))
-        if key == self._sampling_key and self._sampling_cache is not None:
-            return self._sampling_cache
-        seen: dict[int, int] = {}
-        gens = []
-        for i, r in zip(rows, reqs):
-            j = seen[i] = seen.get(i, -1) + 1  # the j-th sample of this row: child j of a fork
-            gens.append(self._generator(r, j))
-        batch = SamplingBatch.build(
-            [r.params for r in reqs], gens, self.cfg.vocab_size, self.device, self._unseeded
-        )
-        self._penalties = None
-        if batch.any_penalties:  # before `launch` makes this step's rows the requests' pending rows
-            if self.penalty_table is None:
-                self.penalty_table = PenaltyTable(self.cfg.vocab_size, self.device)
-            self._penalties = self.penalty_table.step(reqs, self.last_sampled)
-        self._sampling_key, self._sampling_cache = key, batch
-        return batch
-
-    def _generator(self, req: Request, fork_index: int = 0) -> torch.Generator | None:
-        """The sample's own generator when seeded. Keyed by the engine's internal request uid (user ids
-        cannot collide with it); sample i of an n > 1 request is seeded from (seed, i)."""
-        seed = req.params.seed
-        if seed is None or req.params.greedy:
-            return None
-        key = self._generator_key(req, fork_index)
-        gen = self.generators.get(key)
-        if gen is None:
-            index = key[1]
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed if index == 0 else (seed * 1_000_003 + index) % 2**63)
-            self.generators[key] = gen
-        return gen
-
-    @staticmethod
-    def _generator_key(req: Request, fork_index: int = 0) -> tuple[int, int]:
-        root = req.parent or req
-        return root.uid, req.sample_index + fork_index
-
     def release(self, req: Request) -> None:
-        """A finished request's generator and penalty row."""
-        self.generators.pop(self._generator_key(req), None)
-        if self.penalty_table is not None:
-            self.penalty_table.release(req.uid)
+        """A finished request's sampling state (its generator, its penalty row)."""
+        self.sampling.release(req)

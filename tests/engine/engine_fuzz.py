@@ -170,8 +170,8 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
     assert core.kv.num_free_blocks == core.kv.num_blocks - len(core.kv.pool.pinned)
     assert core.kv.pool.pinned == pinned_blocks
     assert not eng.groups, eng.groups
-    assert not core.runner.generators
-    assert core.runner.penalty_table is None or not core.runner.penalty_table.slot_of
+    assert not core.runner.sampling.generators
+    assert core.runner.sampling.penalty_table is None or not core.runner.sampling.penalty_table.slot_of
     assert core.kv.tables.rows_in_use == 0
     for rid, (prompt, params) in submitted.items():
         if rid in aborted:

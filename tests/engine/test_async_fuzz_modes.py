@@ -21,8 +21,8 @@ def assert_clean(llm: LLM) -> None:
     assert not core.has_unfinished() and core.inflight is None
     core.scheduler.check_invariants()
     assert core.kv.num_free_blocks == core.kv.num_blocks - len(core.kv.pool.pinned)
-    assert not core.runner.generators, core.runner.generators
-    assert core.runner.penalty_table is None or not core.runner.penalty_table.slot_of
+    assert not core.runner.sampling.generators, core.runner.sampling.generators
+    assert core.runner.sampling.penalty_table is None or not core.runner.sampling.penalty_table.slot_of
 
 
 def case(seed: int):

@@ -18,11 +18,11 @@ def test_an_aborted_seeded_request_leaves_no_generator(llama_dir, async_scheduli
     )
     for _ in range(3):
         engine.step()
-    assert engine.core.runner.generators, "a seeded request samples from a generator of its own"
+    assert engine.core.runner.sampling.generators, "a seeded request samples from a generator of its own"
     engine.abort_request(rid)
     while engine.has_unfinished_requests():
         engine.step()
-    assert not engine.core.runner.generators
+    assert not engine.core.runner.sampling.generators
 
 
 @pytest.mark.no_invariant_hook  # the scheduler is broken on purpose

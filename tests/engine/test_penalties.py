@@ -70,7 +70,7 @@ def check_all(llm: LLM, prompts, outs, params) -> int:
         for c in out.outputs:
             assert len(c.token_ids) == sp.max_tokens
             decided += check_greedy(llm, prompt, c.token_ids, sp)
-    table = llm.engine.core.runner.penalty_table
+    table = llm.engine.core.runner.sampling.penalty_table
     assert table is None or not table.slot_of, "finished requests keep penalty rows"
     return decided
 
@@ -244,7 +244,7 @@ def test_penalty_steps_sample_outside_the_graph_and_others_as_before(
     runner = llm.engine.core.runner
     outside = count_calls(monkeypatch, "sample")
     llm.generate([PROMPTS[3]], greedy(8), use_tqdm=False)
-    assert len(outside) == 1 and runner.penalty_table is None  # the prompt's step is eager
+    assert len(outside) == 1 and runner.sampling.penalty_table is None  # the prompt's step is eager
     assert runner.step_paths["decode_graph"] == 7
     outside.clear()
     llm.generate([PROMPTS[3]], greedy(8, presence_penalty=0.1), use_tqdm=False)
@@ -258,7 +258,7 @@ def test_aborting_a_request_releases_its_row(llama_dir):
     ids = [engine.add_request(p, greedy(12, frequency_penalty=1.0)) for p in PROMPTS[:3]]
     for _ in range(3):
         engine.step()
-    table = engine.core.runner.penalty_table
+    table = engine.core.runner.sampling.penalty_table
     assert table is not None and len(table.slot_of) == 3
     engine.abort_request(ids[1])
     assert len(table.slot_of) == 2

@@ -61,7 +61,7 @@ def test_penalties_on_graphs_match_eager_on_gpu(model_dir, async_scheduling):
     got = run(fast, prompts, params)
     paths = fast.engine.core.runner.step_paths
     assert paths["decode_graph"] > 0 and paths["mixed_graph"] > 0
-    assert not fast.engine.core.runner.penalty_table.slot_of
+    assert not fast.engine.core.runner.sampling.penalty_table.slot_of
     del fast
     free_gpu()
     ref = engine(directory, False, **common)
