@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 
+from roseinfer.bad_words import BadWords, bad_word_bans
 from roseinfer.logprobs import TokenLogprobs
 from roseinfer.sampling_params import SamplingParams
 
@@ -55,6 +56,8 @@ class Request:
         self.min_tokens_stop_ids: tuple[int, ...] = (
             tuple(dict.fromkeys([*params.stop_token_ids, *eos_token_ids])) if params.min_tokens else ()
         )
+        # params.bad_words as token sequences (`bad_words.py`), set by the engine, which has the tokenizer.
+        self.bad_words_token_ids: BadWords = ()
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         # With params.logprobs: what the sampler gave for each output token, and the sum of their logprobs.
@@ -171,6 +174,17 @@ class Request:
         if len(self.output_token_ids) + self.num_pending - 1 < self.params.min_tokens:
             return self.min_tokens_stop_ids
         return ()
+
+    def bad_word_bans(self) -> tuple[list[int], list[tuple[int, int]]]:
+        """Its bad words' bans for the step being launched (`bad_words.bad_word_bans`): asked, as
+        `banned_token_ids`, for a launched step's sampled row, whose own token counts as pending; a pending
+        token beyond it is in flight, row `pending_row` of the previous launch's sampled tokens."""
+        if not self.bad_words_token_ids:
+            return [], []
+        in_flight = self.num_pending - 1
+        if in_flight > 1:
+            raise RuntimeError(f"{self} has more than one earlier token in flight")
+        return bad_word_bans(self.bad_words_token_ids, self.output_token_ids, in_flight == 1)
 
     def reached_length_limit(self, max_model_len: int) -> bool:
         """Counting pending tokens: no further token may be scheduled (the last is still in flight)."""

@@ -52,6 +52,19 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # As vLLM v1 (`logit_controls.py` applies them, before min_tokens' mask and the penalties): only these ids
+    # may be sampled (every other logit -inf); each id in [0, vocab), checked at the engine's front door.
+    allowed_token_ids: list[int] | None = None
+    # As vLLM v1: added to the logits of these ids (finite floats; ids checked against the vocabulary at the
+    # front door). Not clamped: vLLM's OpenAI server clamps to [-100, 100], its offline API does not.
+    logit_bias: dict[int, float] | None = None
+    # As vLLM v1: each word, tokenized without special tokens as is and with a leading space, is a token
+    # sequence whose last token is banned wherever the output so far ends with the rest (`Request`). Needs a
+    # tokenizer.
+    bad_words: list[str] | None = None
+    # As vLLM: keep only the last k prompt tokens (k >= 1; -1: the model's max length), before the prompt's
+    # length is checked.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs", "prompt_logprobs"):
@@ -109,10 +122,56 @@ class SamplingParams:
         self.stop_token_ids = [_plain_int(t) for t in self.stop_token_ids or []]  # type: ignore[misc]
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids}")
+        self._check_logit_controls()
+
+    def _check_logit_controls(self) -> None:
+        """allowed_token_ids, logit_bias, bad_words and truncate_prompt_tokens: their types and ranges that need
+        no vocabulary (`LLMEngine.validate` checks the ids against it)."""
+        if self.allowed_token_ids is not None:
+            ids = [_plain_int(t) for t in self.allowed_token_ids]
+            if not ids:
+                raise ValueError("allowed_token_ids must not be empty (None: every token allowed)")
+            if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in ids):
+                raise ValueError(f"allowed_token_ids must be non-negative ints, got {self.allowed_token_ids}")
+            self.allowed_token_ids = ids
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+            bias: dict[int, float] = {}
+            for key, value in self.logit_bias.items():
+                # JSON gives string keys ("50256"): as vLLM, they name the id they spell.
+                tid = (
+                    int(key)
+                    if isinstance(key, str) and key.strip().lstrip("-").isdigit()
+                    else _plain_int(key)
+                )
+                value = _plain_float(value)
+                if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
+                    raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
+                if not isinstance(value, float | int) or isinstance(value, bool) or not math.isfinite(value):
+                    raise ValueError(f"logit_bias values must be finite numbers, got {value!r} for {key!r}")
+                bias[tid] = float(value)
+            self.logit_bias = bias or None
+        if self.bad_words is not None:
+            words = [self.bad_words] if isinstance(self.bad_words, str) else list(self.bad_words)
+            if any(not isinstance(w, str) or not w.strip() for w in words):
+                raise ValueError(f"bad_words must hold non-blank strings, got {self.bad_words!r}")
+            self.bad_words = words or None
+        k = _plain_int(self.truncate_prompt_tokens)
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not (k >= 1 or k == -1)):
+            raise ValueError(
+                f"truncate_prompt_tokens must be an int >= 1 or -1, got {self.truncate_prompt_tokens!r}"
+            )
+        self.truncate_prompt_tokens = k
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5 or self.top_k == 1
+
+    @property
+    def has_logit_controls(self) -> bool:
+        """It masks or biases logits beyond min_tokens: its rows sample outside the decode graph."""
+        return bool(self.allowed_token_ids or self.logit_bias or self.bad_words)
 
     @property
     def has_penalties(self) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from roseinfer.bad_words import tokenize_bad_words
 from roseinfer.config import EngineConfig
 from roseinfer.engine.core import EngineCore
 from roseinfer.engine.request_outputs import RequestGroup
@@ -74,6 +75,7 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
         self._check_logprobs(params)
+        self._check_logit_controls(params)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")
@@ -87,6 +89,7 @@ class LLMEngine:
             raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt must not be empty")
+        ids = self._truncated(ids, params.truncate_prompt_tokens)
         vocab = self.model_config.vocab_size
         # Plain ints in range are checked without a per-token loop, which took ~6 ms for W1's 64 prompts
         # of 512 tokens on a GPU machine's host; anything else gets the per-token checks.
@@ -130,6 +133,34 @@ class LLMEngine:
                     f"{cap} (max_logprobs={self.config.max_logprobs}; -1: the vocabulary, {vocab})"
                 )
 
+    def _check_logit_controls(self, params: SamplingParams) -> None:
+        """allowed_token_ids and logit_bias ids within the vocabulary; bad_words need a tokenizer."""
+        vocab = self.model_config.vocab_size
+        if params.allowed_token_ids is not None:
+            bad = [t for t in params.allowed_token_ids if t >= vocab]
+            if bad:
+                raise ValueError(f"allowed_token_ids {bad} are outside the vocabulary [0, {vocab})")
+        if params.logit_bias is not None:
+            bad = [t for t in params.logit_bias if t >= vocab]
+            if bad:
+                raise ValueError(f"logit_bias token ids {bad} are outside the vocabulary [0, {vocab})")
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError(
+                "bad_words need a tokenizer; this engine has none (use allowed_token_ids or logit_bias)"
+            )
+
+    def _truncated(self, ids: list, keep: int | None) -> list:
+        """As vLLM: the last `keep` prompt tokens (-1: max_model_len), before the prompt's length is checked."""
+        if keep is None:
+            return ids
+        max_len = self.config.max_model_len
+        if keep > max_len:
+            raise ValueError(
+                f"truncate_prompt_tokens ({keep}) is greater than the model context of {max_len} tokens "
+                "(max_model_len)"
+            )
+        return ids[-(max_len if keep == -1 else keep) :]
+
     def _run_to_limit(self, params: SamplingParams, prompt_len: int, cache_tokens: int) -> SamplingParams:
         """`max_tokens=None` resolved: as many tokens as the context and `cache_tokens` leave the prompt. A larger
         min_tokens is cut to it, which masks the same tokens (vLLM does not check it against this limit)."""
@@ -160,7 +191,13 @@ class LLMEngine:
         if rid in self.groups:
             raise ValueError(f"request_id {rid!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
+        bad_words = (
+            tokenize_bad_words(self.tokenizer, params.bad_words, self.model_config.vocab_size)
+            if params.bad_words
+            else ()
+        )
         req = Request(rid, ids, params, self.eos_token_ids, text, arrival_time, cache_salt)
+        req.bad_words_token_ids = bad_words
         kv = self.core.kv
         open_blocks = kv.blocks_open_to(req)
         if unresolved and open_blocks < kv.num_blocks:

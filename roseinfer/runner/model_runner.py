@@ -265,19 +265,23 @@ class ModelRunner:
             sched = out.scheduled
             reqs = list(map(_REQUEST, sched)) if step.one_sample_each else [sched[i].request for i in rows]
             batch = self.sampling.batch(rows, reqs, self.last_sampled) if rows else None
-            banned = self.sampling.banned(reqs) if batch is not None and batch.any_min_tokens else None
+            banned = controls = None
+            if batch is not None and (batch.any_min_tokens or batch.any_logit_controls):
+                banned, controls = self.sampling.masks(reqs, batch, self.last_sampled)
             penalties = self.sampling.penalties if batch is not None and batch.any_penalties else None
         graph_tokens = None
         prompt = None
         with record("forward"):
             if use_graph:
                 # The graph samples one token per input row: a fork's rows are drawn outside, and so are
-                # the rows of a step where some row may not draw its stop ids (min_tokens) or has penalties.
+                # the rows of a step where some row may not draw its stop ids (min_tokens), has penalties or
+                # logit controls (allowed_token_ids, logit_bias, bad_words).
                 in_graph = (
                     batch is not None
                     and batch.in_graph
                     and banned is None
                     and penalties is None
+                    and controls is None
                     and len(rows) == step.num_seqs
                 )
                 temperature = batch.host_temperature if in_graph else None
@@ -322,7 +326,7 @@ class ModelRunner:
             if graph_tokens is not None:
                 tokens = graph_tokens  # sampled inside the graph
             else:
-                tokens = sample(logits, batch, banned, penalties).to(torch.int32)
+                tokens = sample(logits, batch, banned, penalties, controls).to(torch.int32)
             if penalties is not None:
                 penalties.fold(tokens)
             self.last_sampled = tokens

@@ -1,8 +1,9 @@
 """Batched sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; banned tokens;
 penalties; sample logprobs.
 
-As in vLLM, a row's banned tokens (its stop ids while it is under min_tokens) are set to -inf first, then its
-presence, frequency and repetition penalties apply (`penalties.py`), then its logits are divided by its
+As in vLLM v1, a row's allowed_token_ids mask its other ids to -inf first, then its bad words' and banned tokens
+(its stop ids while it is under min_tokens) are set to -inf, then its logit_bias is added (`logit_controls.py`),
+then its presence, frequency and repetition penalties apply (`penalties.py`), then its logits are divided by its
 temperature, then min-p drops the tokens less likely than min_p times the most likely one, then top-k and top-p
 cut what is left. Logprobs, as vLLM v1's default `raw_logprobs`, are the log_softmax of the logits before any of
 that (`compute_logprobs`), gathered for the sampled tokens and the top k (`gather_logprobs`).
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from roseinfer.logprobs import TokenLogprobs, num_logprobs
+from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.penalties import StepPenalties
 from roseinfer.sampling_params import SamplingParams
 
@@ -46,6 +48,9 @@ class SamplingBatch:
     any_min_tokens: bool = False
     # Some row has a presence, frequency or repetition penalty: the step samples outside the decode graph.
     any_penalties: bool = False
+    # Some row has allowed_token_ids, logit_bias or bad_words (`logit_controls.py`): outside the decode graph.
+    any_logit_controls: bool = False
+    any_bad_words: bool = False
     # The most logprobs any row asks for a token (-1 resolved to the vocabulary); None: no row asks, and the
     # step computes none.
     num_logprobs: int | None = None
@@ -63,6 +68,8 @@ class SamplingBatch:
         any_seeded = any(g is not None for g in generators)
         any_min_tokens = any(p.min_tokens for p in params)
         any_penalties = any(p.has_penalties for p in params)
+        any_logit_controls = any(p.has_logit_controls for p in params)
+        any_bad_words = any_logit_controls and any(p.bad_words for p in params)
         asked = [num_logprobs(p.logprobs, vocab_size) for p in params if p.logprobs is not None]
         most_logprobs = min(max(asked), vocab_size) if asked else None
         if all_greedy:  # nothing to move to the device: sample() takes the argmax
@@ -80,6 +87,8 @@ class SamplingBatch:
                 any_seeded=any_seeded,
                 any_min_tokens=any_min_tokens,
                 any_penalties=any_penalties,
+                any_logit_controls=any_logit_controls,
+                any_bad_words=any_bad_words,
                 num_logprobs=most_logprobs,
             )
         temps = [0.0 if g else p.temperature for p, g in zip(params, greedy)]
@@ -110,6 +119,8 @@ class SamplingBatch:
             any_seeded=any_seeded,
             any_min_tokens=any_min_tokens,
             any_penalties=any_penalties,
+            any_logit_controls=any_logit_controls,
+            any_bad_words=any_bad_words,
             num_logprobs=most_logprobs,
         )
 
@@ -199,12 +210,18 @@ def sample(
     batch: SamplingBatch,
     banned: BannedTokens | None = None,
     penalties: StepPenalties | None = None,
+    controls: StepControls | None = None,
 ) -> torch.Tensor:
-    """logits [N, V] (any float dtype) -> token ids [N] int64. `banned` tokens are set to -inf in `logits`
-    (in place) before anything else, then the `penalties` rows are penalized (in float32): greedy rows take
-    the argmax of the result, sampled rows draw from it."""
+    """logits [N, V] (any float dtype) -> token ids [N] int64. In vLLM v1's order, in place where `logits` are
+    float32: the `controls`' allowed-ids mask and the bad-word bans waiting on a token in flight, the `banned`
+    tokens (bad words', min_tokens') set to -inf, the `controls`' logit biases, then the `penalties` rows
+    penalized (in float32): greedy rows take the argmax of the result, sampled rows draw from it."""
+    if controls is not None:
+        logits = controls.mask(logits)
     if banned is not None:
         logits[banned] = float("-inf")
+    if controls is not None:
+        controls.bias(logits)
     if penalties is not None:
         logits = penalties.apply(logits)
     if _fused_sampling_for(logits, batch):

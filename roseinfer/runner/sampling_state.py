@@ -8,6 +8,7 @@ from operator import attrgetter
 import torch
 
 from roseinfer.request import Request
+from roseinfer.runner.logit_controls import RowControls, StepControls, bad_word_step
 from roseinfer.runner.penalties import PenaltyTable, StepPenalties
 from roseinfer.runner.sampler import BannedTokens, SamplingBatch, banned_pairs
 
@@ -24,6 +25,8 @@ class SamplingState:
         # Penalty rows of the cached batch, and the table of output counts they read (made on first use).
         self.penalties: StepPenalties | None = None
         self.penalty_table: PenaltyTable | None = None
+        # Allowed-ids masks and biases of the cached batch's rows.
+        self.row_controls: RowControls | None = None
         # Noise of eagerly sampled rows without a seed of their own (the graphs take theirs from the runner).
         self._unseeded = torch.Generator(device=device).manual_seed(seed)
 
@@ -31,6 +34,22 @@ class SamplingState:
         """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None
         where no row is under it, so that such steps sample as fast as any."""
         return banned_pairs([r.banned_token_ids() for r in reqs], self.vocab_size, self.device)
+
+    def masks(
+        self, reqs: list[Request], batch: SamplingBatch, last_sampled: torch.Tensor | None
+    ) -> tuple[BannedTokens | None, StepControls | None]:
+        """The step's banned tokens (min_tokens' and bad words') and its logit controls; only for a batch with
+        min_tokens or controls. Call before the step records its rows as the requests' `pending_row`."""
+        banned = [list(r.banned_token_ids()) for r in reqs] if batch.any_min_tokens else [[] for _ in reqs]
+        waiting = None
+        if batch.any_bad_words:
+            words, waiting = bad_word_step(reqs, last_sampled, self.device)
+            for row, ids in zip(banned, words):
+                row.extend(ids)
+        controls = None
+        if batch.any_logit_controls:
+            controls = StepControls(self.row_controls, waiting, last_sampled)
+        return banned_pairs(banned, self.vocab_size, self.device), controls
 
     def batch(self, rows: list[int], reqs: list[Request], last_sampled: torch.Tensor | None) -> SamplingBatch:
         """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same
@@ -48,6 +67,9 @@ class SamplingState:
             [r.params for r in reqs], gens, self.vocab_size, self.device, self._unseeded
         )
         self.penalties = None
+        self.row_controls = None
+        if batch.any_logit_controls:
+            self.row_controls = RowControls.build([r.params for r in reqs], self.vocab_size, self.device)
         if batch.any_penalties:  # before `launch` makes this step's rows the requests' pending rows
             if self.penalty_table is None:
                 self.penalty_table = PenaltyTable(self.vocab_size, self.device)

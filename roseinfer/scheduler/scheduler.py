@@ -331,6 +331,7 @@ class Scheduler:
         )
         child.parent, child.sample_index = parent, index
         child.min_tokens_stop_ids = parent.min_tokens_stop_ids  # with eos under ignore_eos, as the parent's
+        child.bad_words_token_ids = parent.bad_words_token_ids
         child.num_cached_tokens = parent.num_cached_tokens
         child.prompt_logprobs = None  # the parent computed the prompt's, once for all samples
         self.kv.fork(parent, child)
