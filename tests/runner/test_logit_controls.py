@@ -120,6 +120,7 @@ def test_sample_applies_the_controls_in_vllm_order():
             in_flight = bool(output) and rng.random() < 0.5
             rows.append((SamplingParams(temperature=0.0, **kw), output, w, in_flight))
         logits = torch.randn(len(rows), VOCAB, generator=g) * 3
+        logits[:, [5, 6, 7]] += 5.0  # the words' last tokens lead: their bans decide
         # The previous launch sampled each in-flight token in row 5 - k of its tokens.
         last_sampled = torch.zeros(len(rows), dtype=torch.int32)
         reqs = []
