@@ -71,6 +71,28 @@ def token_ids(text: str) -> list[int]:
     return ids
 
 
+def truncate_count(text: str) -> int:
+    """How many prompt tokens to keep: an integer >= 1, or -1 for the model's context length."""
+    value = _int_at_least(text, -1)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1 or -1, got 0")
+    return value
+
+
+def logit_bias_map(text: str) -> dict[int, float]:
+    """Comma-separated ID=BIAS pairs: token ids >= 0, finite biases."""
+    bias: dict[int, float] = {}
+    for pair in (p for p in text.replace(" ", ",").split(",") if p):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected ID=BIAS pairs, got {pair!r}")
+        token = _int_at_least(key, 0)
+        bias[token] = _finite_float(value)
+    if not bias:
+        raise argparse.ArgumentTypeError(f"expected ID=BIAS pairs, got {text!r}")
+    return bias
+
+
 def power_of_two(text: str) -> int:
     """A power of two >= 1 (the KV block size)."""
     value = positive_int(text)

@@ -17,6 +17,7 @@ from types import ModuleType
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.entrypoints.arg_types import (
     additive_penalty,
+    logit_bias_map,
     logprob_count,
     non_negative_int,
     positive_float,
@@ -24,6 +25,7 @@ from roseinfer.entrypoints.arg_types import (
     power_of_two,
     token_ids,
     torch_device,
+    truncate_count,
 )
 from roseinfer.entrypoints.logprob_text import logprob_lines
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
@@ -126,6 +128,24 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="divides a positive logit of each id in the prompt or output, multiplies another; 1: off",
     )
+    parser.add_argument(
+        "--allowed-token-ids", type=token_ids, default=None, help="comma-separated ids, the only ones drawn"
+    )
+    parser.add_argument(
+        "--logit-bias", type=logit_bias_map, default=None, help="ID=BIAS,... added to those ids' logits"
+    )
+    parser.add_argument(
+        "--bad-words",
+        action="append",
+        default=None,
+        help="a word never generated (repeatable; needs a tokenizer)",
+    )
+    parser.add_argument(
+        "--truncate-prompt-tokens",
+        type=truncate_count,
+        default=None,
+        help="keep only the prompt's last K tokens (-1: the model's context)",
+    )
     parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=power_of_two, default=16)
@@ -197,6 +217,10 @@ def run_generate(args: argparse.Namespace) -> int:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         repetition_penalty=args.repetition_penalty,
+        allowed_token_ids=args.allowed_token_ids,
+        logit_bias=args.logit_bias,
+        bad_words=args.bad_words,
+        truncate_prompt_tokens=args.truncate_prompt_tokens,
     )
     result = llm.generate([prompt], params, use_tqdm=False)[0]
     out = result.outputs[0]
