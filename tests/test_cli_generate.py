@@ -221,3 +221,73 @@ def test_bad_penalty_flags_are_argparse_errors(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", *flags])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_generate_takes_the_logit_control_flags(capsys):
+    """Each flag reaches its SamplingParams field: the tokens equal the offline API's with that field, and
+    differ from the free run's."""
+    from roseinfer import LLM, SamplingParams
+    from roseinfer.models.loader import DEFAULT_MODEL
+
+    free = _greedy_ids(capsys, "--max-tokens", "6")
+    llm = LLM(DEFAULT_MODEL, load_format="dummy", block_size=16)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]  # generate's default without a tokenizer
+    allowed = [free[0] + 1, free[1] + 2, 3]
+    for flags, field, value in [
+        (["--allowed-token-ids", ",".join(map(str, allowed))], "allowed_token_ids", allowed),
+        (["--logit-bias", f"{free[0]}=-1000,5=2.5"], "logit_bias", {free[0]: -1000.0, 5: 2.5}),
+        (["--truncate-prompt-tokens", "3"], "truncate_prompt_tokens", 3),
+    ]:
+        got = _greedy_ids(capsys, "--max-tokens", "6", *flags)
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, **{field: value})
+        assert got == llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids, flags
+        assert got != free, flags
+    assert set(_greedy_ids(capsys, "--allowed-token-ids", "4,9")) <= {4, 9}
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--allowed-token-ids", "1,x"], "argument --allowed-token-ids:"),
+        (["--logit-bias", "5"], "argument --logit-bias:"),
+        (["--logit-bias", "5=inf"], "argument --logit-bias:"),
+        (["--logit-bias", "-1=2"], "argument --logit-bias:"),
+        (["--truncate-prompt-tokens", "0"], "argument --truncate-prompt-tokens:"),
+        (["--truncate-prompt-tokens", "-2"], "argument --truncate-prompt-tokens:"),
+    ],
+)
+def test_bad_logit_control_flags_are_argparse_errors(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_refused_logit_controls_are_one_line_errors(capsys):
+    assert main(["generate", "--bad-words", "hello"]) == 2
+    assert "bad_words need a tokenizer" in capsys.readouterr().err
+    assert main(["generate", "--allowed-token-ids", "99999999"]) == 2
+    assert "allowed_token_ids" in capsys.readouterr().err
+
+
+def test_generate_bans_bad_words_with_a_tokenizer(model_with_tokenizer, capsys):
+    """A word of the tokenized model's greedy text banned through the flag: the text equals the offline API's
+    with that bad word, which differs from the free text."""
+    from roseinfer import LLM, SamplingParams
+    from tests.engine.test_bad_words import words_from
+
+    base = ["generate", "--model", model_with_tokenizer, "--prompt-ids", "40,41,42", "--temperature", "0"]
+    base += ["--max-tokens", "8", "--ignore-eos", "--device", "cpu", "--block-size", "4"]
+    assert main(base) == 0
+    free = capsys.readouterr().out.rstrip("\n")
+    llm = LLM(model_with_tokenizer, device="cpu", block_size=4)
+
+    def api(words: list[str] | None) -> str:
+        sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, bad_words=words)
+        return llm.generate([[40, 41, 42]], sp, use_tqdm=False)[0].outputs[0].text
+
+    assert api(None) == free
+    ids = llm.generate([[40, 41, 42]], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0]
+    # A generated token whose text tokenizes back to it (not counting the first two: words_from skips them)
+    word = next(w for w in words_from(llm, [0, 0, *ids.outputs[0].token_ids], 1) if api([w]) != free)
+    assert main([*base, "--bad-words", word]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == api([word])
