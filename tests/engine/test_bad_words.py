@@ -135,3 +135,23 @@ def test_bad_words_need_a_tokenizer_and_tokenize_within_the_vocabulary(llama_dir
     req = next(r for r in llm.engine.core.scheduler.waiting if r.request_id == "probe")
     assert list(req.bad_words_token_ids) == req_ids
     llm.engine.abort_request("probe")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_bad_words_hold_across_preemption(model_with_tokenizer, async_scheduling):
+    """A KV cache of 16 blocks of 4 tokens preempts requests (recompute): resumed, each still bans by its
+    output so far."""
+    big = make(model_with_tokenizer, async_scheduling)
+    plain = big.generate(PROMPTS, greedy(24), use_tqdm=False)
+    params = []
+    for out in plain:
+        tokens = out.outputs[0].token_ids
+        params.append(
+            greedy(24, bad_words=(words_from(big, tokens, 2) + words_from(big, tokens, 1))[:3] or None)
+        )
+    small = make(model_with_tokenizer, async_scheduling, cpu_kv_tokens=64, enable_prefix_caching=False)
+    outs = small.generate(PROMPTS, params, use_tqdm=False)
+    assert small.engine.core.scheduler.num_preemptions > 0
+    assert sum(sp.bad_words is not None for sp in params) >= 3
+    for prompt, out, sp in zip(PROMPTS, outs, params):
+        check_greedy(small, prompt, out.outputs[0].token_ids, sp, word_ids(small, sp.bad_words or []))
