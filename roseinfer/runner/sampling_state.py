@@ -30,16 +30,12 @@ class SamplingState:
         # Noise of eagerly sampled rows without a seed of their own (the graphs take theirs from the runner).
         self._unseeded = torch.Generator(device=device).manual_seed(seed)
 
-    def banned(self, reqs: list[Request]) -> BannedTokens | None:
-        """The tokens each sampled row may not draw this step (its stop ids while under min_tokens); None
-        where no row is under it, so that such steps sample as fast as any."""
-        return banned_pairs([r.banned_token_ids() for r in reqs], self.vocab_size, self.device)
-
     def masks(
         self, reqs: list[Request], batch: SamplingBatch, last_sampled: torch.Tensor | None
     ) -> tuple[BannedTokens | None, StepControls | None]:
-        """The step's banned tokens (min_tokens' and bad words') and its logit controls; only for a batch with
-        min_tokens or controls. Call before the step records its rows as the requests' `pending_row`."""
+        """The step's banned tokens (its stop ids while under min_tokens, its bad words' last tokens; None where
+        there are none) and its logit controls; asked only for a batch with min_tokens or controls, so that
+        other steps sample as fast as any. Call before the step records its rows as the requests' `pending_row`."""
         banned = [list(r.banned_token_ids()) for r in reqs] if batch.any_min_tokens else [[] for _ in reqs]
         waiting = None
         if batch.any_bad_words:
