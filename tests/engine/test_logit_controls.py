@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from roseinfer import SamplingParams
+from tests.engine.greedy_kinds import check_kinds_against_the_reference
 from tests.engine.logit_reference import check_greedy
 from tests.engine.test_min_tokens import PROMPTS, count_calls, make, prefer
 
@@ -101,19 +102,7 @@ def test_greedy_with_controls_matches_the_reference(llama_dir, async_scheduling,
     """Each kind alone over all prompts, then one batch mixing every kind with rows that have none; rows
     without controls give what they give alone."""
     llm = make(llama_dir, async_scheduling, graphs)
-    decided = 0
-    for kind in KINDS.values():
-        params = [greedy(**kind)] * len(PROMPTS)
-        decided += check_all(llm, PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False), params)
-    mixed = [greedy(**kind) for kind in KINDS.values()] + [greedy()] * 3
-    outs = llm.generate(PROMPTS, mixed, use_tqdm=False)
-    decided += check_all(llm, PROMPTS, outs, mixed)
-    assert decided > 40  # the controls changed many choices: ignoring them fails the reference
-    plain = llm.generate(PROMPTS[4:], greedy(), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs[4:]] == [o.outputs[0].token_ids for o in plain]
-    if graphs:
-        paths = llm.engine.core.runner.step_paths
-        assert paths["decode_graph"] > 0 and paths["mixed_graph"] > 0
+    check_kinds_against_the_reference(llm, list(KINDS.values()), greedy, check_all, 40, graphs)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

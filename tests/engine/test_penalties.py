@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from tests.engine.greedy_kinds import check_kinds_against_the_reference
 from tests.engine.test_min_tokens import PROMPTS, count_calls, make, prefer
 from tests.models.test_hf_parity import engine_prefill_logits
 
@@ -113,19 +114,7 @@ def test_penalties_default_to_off_and_are_validated():
 def test_greedy_with_penalties_matches_the_reference(llama_dir, async_scheduling, graphs):
     """Each kind alone, over all prompts; then one batch mixing every kind with rows that have none."""
     llm = make(llama_dir, async_scheduling, graphs)
-    decided = 0
-    for kind in KINDS.values():
-        params = [greedy(**kind)] * len(PROMPTS)
-        decided += check_all(llm, PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False), params)
-    mixed = [greedy(**kind) for kind in KINDS.values()] + [greedy()] * 3
-    outs = llm.generate(PROMPTS, mixed, use_tqdm=False)
-    decided += check_all(llm, PROMPTS, outs, mixed)
-    assert decided > 20  # the penalties changed many choices: ignoring them fails the reference
-    plain = llm.generate(PROMPTS[4:], greedy(), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs[4:]] == [o.outputs[0].token_ids for o in plain]
-    if graphs:
-        paths = llm.engine.core.runner.step_paths
-        assert paths["decode_graph"] > 0 and paths["mixed_graph"] > 0
+    check_kinds_against_the_reference(llm, list(KINDS.values()), greedy, check_all, 20, graphs)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
