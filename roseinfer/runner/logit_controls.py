@@ -15,14 +15,8 @@ import numpy as np
 import torch
 
 from roseinfer.request import Request
+from roseinfer.runner.host_copy import to_device
 from roseinfer.sampling_params import SamplingParams
-
-
-def _upload(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    host = torch.from_numpy(array)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)  # pageable memory would wait for queued steps
 
 
 @dataclass
@@ -43,14 +37,14 @@ class RowControls:
         rows_t = mask = index = values = None
         if allowed_rows:
             pairs = [(a, t) for a, k in enumerate(allowed_rows) for t in params[k].allowed_token_ids or ()]
-            pairs_t = _upload(np.asarray(pairs, np.int64).T.copy(), device)
+            pairs_t = to_device(np.asarray(pairs, np.int64).T.copy(), device)
             mask = torch.zeros((len(allowed_rows), vocab), dtype=torch.bool, device=device)
             mask[pairs_t[0], pairs_t[1]] = True
-            rows_t = _upload(np.asarray(allowed_rows, np.int64), device)
+            rows_t = to_device(np.asarray(allowed_rows, np.int64), device)
         if bias:
-            idx = _upload(np.asarray([(k, t) for k, t, _ in bias], np.int64).T.copy(), device)
+            idx = to_device(np.asarray([(k, t) for k, t, _ in bias], np.int64).T.copy(), device)
             index = (idx[0], idx[1])
-            values = _upload(np.asarray([b for _, _, b in bias], np.float32), device)
+            values = to_device(np.asarray([b for _, _, b in bias], np.float32), device)
         return RowControls(rows_t, mask, index, values)
 
 
@@ -103,4 +97,4 @@ def bad_word_step(
         return banned, None
     if last_sampled is None:
         raise RuntimeError("a request has a token in flight, but no earlier step sampled any")
-    return banned, _upload(np.asarray(waiting, np.int64).T.copy(), device)
+    return banned, to_device(np.asarray(waiting, np.int64).T.copy(), device)

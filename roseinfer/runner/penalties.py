@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from roseinfer.request import Request
+from roseinfer.runner.host_copy import to_device
 
 
 def apply_penalties(
@@ -116,7 +117,7 @@ class PenaltyTable:
             + [self.slot_of[reqs[k].uid] for k in first],
             np.int64,
         )
-        v, i = self._upload(values), self._upload(index)
+        v, i = to_device(values, self.device), to_device(index, self.device)
         p, f = len(rows), len(first)
         return StepPenalties(
             self, i[:p], i[p : 2 * p], v[0], v[1], v[2], i[2 * p : 2 * p + f], i[2 * p + f :]
@@ -142,7 +143,7 @@ class PenaltyTable:
                 np.fromiter((t for r in fresh for t in r.output_token_ids), np.int64, sum(output_lens)),
             ]
         )
-        i = self._upload(index)
+        i = to_device(index, self.device)
         n, p, o = len(fresh), sum(prompt_lens), sum(output_lens)
         slot_rows, i = i[:n], i[n:]
         self.counts[slot_rows] = 0
@@ -157,7 +158,7 @@ class PenaltyTable:
                 raise RuntimeError("a request has more than one earlier token in flight")
             if last_sampled is None:
                 raise RuntimeError("a request has a token in flight, but no earlier step sampled any")
-            pairs = self._upload(np.asarray(in_flight, np.int64).T.copy())
+            pairs = to_device(np.asarray(in_flight, np.int64).T.copy(), self.device)
             tokens = last_sampled[pairs[1]].long()
             ones = torch.ones(len(in_flight), dtype=torch.int32, device=self.device)
             self.counts.index_put_((pairs[0], tokens), ones, accumulate=True)
@@ -171,10 +172,3 @@ class PenaltyTable:
         in_prompt[:old] = self.in_prompt
         self.counts, self.in_prompt = counts, in_prompt
         self.free.extend(range(capacity - 1, old - 1, -1))
-
-    def _upload(self, array: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(array)
-        if self.device.type != "cuda":
-            return host
-        # From pinned memory: a copy from pageable memory would wait for the queued steps.
-        return host.pin_memory().to(self.device, non_blocking=True)

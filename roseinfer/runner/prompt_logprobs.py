@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from roseinfer.logprobs import TokenLogprobs, num_logprobs
+from roseinfer.runner.host_copy import to_device
 from roseinfer.runner.inputs import HostStep
 from roseinfer.runner.sampler import compute_logprobs, gather_logprobs, unpack_logprobs
 from roseinfer.scheduler.scheduler import SchedulerOutput
@@ -56,10 +57,7 @@ def compute_prompt_logprobs(
 ) -> torch.Tensor:
     """`gather_logprobs`' packed rows [R, 2k + 3] (int32, on the device) for the job's rows of `hidden`, the
     lm_head (`compute_logits`) run over `SLICE_ROWS` rows at a time."""
-    index = torch.from_numpy(np.stack((job.rows, job.targets)))
-    if device.type == "cuda":  # from pinned memory: a copy from pageable memory would wait for queued steps
-        index = index.pin_memory()
-    index = index.to(device, non_blocking=True)
+    index = to_device(np.stack((job.rows, job.targets)), device)
     rows, targets = index[0], index[1]
     n = rows.numel()
     packed = torch.empty((n, 2 * job.k + 3), dtype=torch.int32, device=device)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from roseinfer.logprobs import TokenLogprobs, num_logprobs
+from roseinfer.runner.host_copy import to_device
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.penalties import StepPenalties
 from roseinfer.sampling_params import SamplingParams
@@ -141,8 +142,7 @@ def banned_pairs(banned: Sequence[Sequence[int]], vocab: int, device: torch.devi
                 ids.append(t)
     if not rows:
         return None
-    pin = device.type == "cuda"
-    pairs = torch.tensor([rows, ids], dtype=torch.int64, pin_memory=pin).to(device, non_blocking=True)
+    pairs = to_device(np.array([rows, ids], dtype=np.int64), device)
     return pairs[0], pairs[1]
 
 

@@ -36,16 +36,19 @@ class SamplingState:
         """The step's banned tokens (its stop ids while under min_tokens, its bad words' last tokens; None where
         there are none) and its logit controls; asked only for a batch with min_tokens or controls, so that
         other steps sample as fast as any. Call before the step records its rows as the requests' `pending_row`."""
-        banned = [list(r.banned_token_ids()) for r in reqs] if batch.any_min_tokens else [[] for _ in reqs]
+        banned: list[list[int]] | None = None
+        if batch.any_min_tokens:
+            banned = [list(r.banned_token_ids()) for r in reqs]
         waiting = None
         if batch.any_bad_words:
             words, waiting = bad_word_step(reqs, last_sampled, self.device)
-            for row, ids in zip(banned, words):
-                row.extend(ids)
+            banned = words if banned is None else [a + b for a, b in zip(banned, words)]
         controls = None
         if batch.any_logit_controls:
             controls = StepControls(self.row_controls, waiting, last_sampled)
-        return banned_pairs(banned, self.vocab_size, self.device), controls
+        # Only allowed ids or biases: no per-row ban lists to build or upload each step.
+        pairs = None if banned is None else banned_pairs(banned, self.vocab_size, self.device)
+        return pairs, controls
 
     def batch(self, rows: list[int], reqs: list[Request], last_sampled: torch.Tensor | None) -> SamplingBatch:
         """The sampled rows' settings, rebuilt only when the rows change: a decode batch keeps the same
