@@ -15,7 +15,7 @@ from roseinfer.models import llama
 from roseinfer.models.layers import LT_DOWN_MIN_K, LT_DOWN_ROWS
 from tests.engine.test_logprobs import check_outputs, check_sample
 from tests.engine.test_logprobs import reference as reference_logprobs
-from tests.gpu.conftest import free_gpu
+from tests.gpu.conftest import fp32_triton_engine, free_gpu
 from tests.kernels.test_deferred_norm_model import hf_model_with_spread_norms
 from tests.models.test_hf_parity import hf_greedy, hf_regret, random_prompts
 from tests.models.tiny_models import save_hf_model
@@ -173,18 +173,6 @@ def test_a_dropped_engine_with_graphs_frees_the_gpu_at_once(llama_dir):
         assert torch.cuda.memory_allocated() < before + 2**30
     finally:
         gc.enable()
-
-
-def fp32_triton_engine(directory: str, eager: bool, **kwargs) -> LLM:
-    return LLM(
-        directory,
-        device="cuda",
-        dtype="float32",
-        block_size=16,
-        attention_backend="triton",
-        enforce_eager=eager,
-        **kwargs,
-    )
 
 
 @pytest.mark.parametrize("budget", [7, 64])

@@ -10,8 +10,7 @@ from roseinfer import SamplingParams
 from tests.engine.logit_reference import check_greedy
 from tests.engine.test_bad_words import PROMPTS as WORD_PROMPTS
 from tests.engine.test_bad_words import word_ids, words_from
-from tests.gpu.conftest import free_gpu
-from tests.gpu.test_gpu_penalties import engine, run
+from tests.gpu.conftest import free_gpu, graphs_then_eager
 from tests.models.test_hf_parity import random_prompts
 
 pytestmark = pytest.mark.gpu
@@ -42,14 +41,11 @@ def test_allowed_ids_and_bias_on_graphs_match_eager_on_gpu(model_dir, async_sche
     common = dict(
         num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, async_scheduling=async_scheduling
     )
-    fast = engine(directory, True, **common)
-    got = run(fast, prompts, params)
-    paths = fast.engine.core.runner.step_paths
-    assert paths["decode_graph"] > 0 and paths["mixed_graph"] > 0
-    del fast
-    free_gpu()
-    ref = engine(directory, False, **common)
-    assert run(ref, prompts, params) == got
+
+    def after(fast) -> None:
+        assert fast.engine.core.runner.step_paths["mixed_graph"] > 0
+
+    got, ref, _ = graphs_then_eager(directory, prompts, params, after, **common)
     decided = 0
     for prompt, sp, samples in zip(prompts, params, got):
         for ids in samples:
@@ -68,22 +64,20 @@ def test_bad_words_on_graphs_match_eager_on_gpu(model_with_tokenizer, async_sche
     common = dict(
         num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, async_scheduling=async_scheduling
     )
-    fast = engine(model_with_tokenizer, True, **common)
-    free_text = fast.generate(
-        WORD_PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False
-    )
-    params = []
-    for i, out in enumerate(free_text):
-        tokens = out.outputs[0].token_ids
-        words = (words_from(fast, tokens, 2) + words_from(fast, tokens, 1))[:2] or ["the"]
-        kind = dict(temperature=0.0) if i % 2 == 0 else dict(temperature=1.0, seed=i, n=2)
-        params.append(SamplingParams(max_tokens=16, ignore_eos=True, bad_words=words, **kind))
-    got = run(fast, WORD_PROMPTS, params)
-    assert fast.engine.core.runner.step_paths["decode_graph"] > 0
-    del fast
-    free_gpu()
-    ref = engine(model_with_tokenizer, False, **common)
-    assert run(ref, WORD_PROMPTS, params) == got
+
+    def params_from(fast) -> list[SamplingParams]:
+        free_text = fast.generate(
+            WORD_PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False
+        )
+        params = []
+        for i, out in enumerate(free_text):
+            tokens = out.outputs[0].token_ids
+            words = (words_from(fast, tokens, 2) + words_from(fast, tokens, 1))[:2] or ["the"]
+            kind = dict(temperature=0.0) if i % 2 == 0 else dict(temperature=1.0, seed=i, n=2)
+            params.append(SamplingParams(max_tokens=16, ignore_eos=True, bad_words=words, **kind))
+        return params
+
+    got, ref, params = graphs_then_eager(model_with_tokenizer, WORD_PROMPTS, params_from, **common)
     for prompt, sp, samples in zip(WORD_PROMPTS, params, got):
         if sp.greedy:
             check_greedy(ref, prompt, samples[0], sp, word_ids(ref, sp.bad_words))

@@ -7,27 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from roseinfer import LLM, SamplingParams
+from roseinfer import SamplingParams
 from tests.engine.test_penalties import check_greedy
-from tests.gpu.conftest import free_gpu
+from tests.gpu.conftest import fp32_triton_engine, free_gpu, graphs_then_eager, run
 from tests.models.test_hf_parity import random_prompts
 
 pytestmark = pytest.mark.gpu
-
-DEVICE, BACKEND = "cuda", "triton"
-
-
-def engine(directory: str, graphs: bool, **kwargs) -> LLM:
-    """The Triton backend in float32, with graphs or eagerly."""
-    return LLM(
-        directory,
-        device=DEVICE,
-        dtype="float32",
-        block_size=16,
-        attention_backend=BACKEND,
-        enforce_eager=not graphs,
-        **kwargs,
-    )
 
 
 def params_for(n_prompts: int) -> list[SamplingParams]:
@@ -45,10 +30,6 @@ def params_for(n_prompts: int) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=16, ignore_eos=True, **kinds[i % len(kinds)]) for i in range(n_prompts)]
 
 
-def run(llm: LLM, prompts, params) -> list[list[list[int]]]:
-    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_penalties_on_graphs_match_eager_on_gpu(model_dir, async_scheduling):
     model, directory = model_dir
@@ -57,15 +38,12 @@ def test_penalties_on_graphs_match_eager_on_gpu(model_dir, async_scheduling):
     common = dict(
         num_kv_blocks=256, max_num_seqs=16, max_num_batched_tokens=64, async_scheduling=async_scheduling
     )
-    fast = engine(directory, True, **common)
-    got = run(fast, prompts, params)
-    paths = fast.engine.core.runner.step_paths
-    assert paths["decode_graph"] > 0 and paths["mixed_graph"] > 0
-    assert not fast.engine.core.runner.sampling.penalty_table.slot_of
-    del fast
-    free_gpu()
-    ref = engine(directory, False, **common)
-    assert run(ref, prompts, params) == got
+
+    def after(fast) -> None:
+        assert fast.engine.core.runner.step_paths["mixed_graph"] > 0
+        assert not fast.engine.core.runner.sampling.penalty_table.slot_of
+
+    got, ref, _ = graphs_then_eager(directory, prompts, params, after, **common)
     decided = 0
     for prompt, sp, samples in zip(prompts, params, got):
         if sp.greedy:
@@ -81,7 +59,7 @@ def test_penalties_survive_preemption_and_prefix_hits_on_gpu(model_dir):
     shared = random_prompts(vocab, seed=67, lengths=[40])[0]
     prompts = [shared + tail for tail in random_prompts(vocab, seed=71, lengths=[3, 9, 20, 1, 14, 6, 30, 2])]
     params = params_for(len(prompts))
-    tight = engine(directory, True, num_kv_blocks=12, max_num_seqs=8)
+    tight = fp32_triton_engine(directory, False, num_kv_blocks=12, max_num_seqs=8)
     got = run(tight, prompts, params)
     again = tight.generate(prompts, params, use_tqdm=False)
     assert tight.engine.core.scheduler.num_preemptions > 0
@@ -89,5 +67,5 @@ def test_penalties_survive_preemption_and_prefix_hits_on_gpu(model_dir):
     assert [[c.token_ids for c in o.outputs] for o in again] == got
     del tight, again
     free_gpu()
-    ref = engine(directory, False, num_kv_blocks=256, max_num_seqs=8, enable_prefix_caching=False)
+    ref = fp32_triton_engine(directory, True, num_kv_blocks=256, max_num_seqs=8, enable_prefix_caching=False)
     assert run(ref, prompts, params) == got
