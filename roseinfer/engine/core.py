@@ -80,6 +80,8 @@ class EngineCore:
         t0 = time.perf_counter()
         with record("schedule"):
             out = self.scheduler.schedule()
+        if out.preempted:  # told even where nothing runs this step: the rows must be free for the next
+            self.runner.preempted(out.preempted)
         if out.is_empty:
             if self.inflight is not None:  # nothing can be scheduled until the step in flight is known
                 return self._resolve()

@@ -76,6 +76,13 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
         self._check_logprobs(params)
         self._check_logit_controls(params)
+        max_seqs = self.config.scheduler.max_num_seqs
+        if params.n > max_seqs:
+            # Its n samples run at once (they fork after the prompt): the sampler and the penalty table are
+            # sized at start-up for max_num_seqs rows.
+            raise ValueError(
+                f"n={params.n} exceeds max_num_seqs={max_seqs}: an n > 1 request runs its samples at once"
+            )
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("prompt is text but this engine has no tokenizer; pass token ids")

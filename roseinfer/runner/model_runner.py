@@ -100,7 +100,9 @@ class ModelRunner:
         # Steps launched by each path: decode graph, mixed-step graph, eager; and of the last two, those
         # whose prefill attention cut some chunk's keys across programs.
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0}
-        self.sampling = SamplingState(self.cfg.vocab_size, self.device, config.seed)
+        self.sampling = SamplingState(
+            self.cfg.vocab_size, self.device, config.seed, config.scheduler.max_num_seqs
+        )
         self._seeds = np.random.default_rng(config.seed)  # per-step seeds of graph-sampled rows
 
     # -- KV cache ---------------------------------------------------------------------------------
@@ -348,3 +350,7 @@ class ModelRunner:
     def release(self, req: Request) -> None:
         """A finished request's sampling state (its generator, its penalty row)."""
         self.sampling.release(req)
+
+    def preempted(self, reqs: list[Request]) -> None:
+        """Preempted requests' penalty rows (rebuilt when they sample again)."""
+        self.sampling.preempted(reqs)

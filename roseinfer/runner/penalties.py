@@ -7,7 +7,10 @@ sampled tokens on the device), and from then on each step adds the token it samp
 device (`StepPenalties.fold`), so the counts include the token the host does not know yet under async
 scheduling, with no host work a step. Every token sampled for a request that has not finished is appended to its
 output in the update (after a preemption too); tokens dropped past a stop string belong to a finished request,
-whose row is released.
+whose row is released. A preempted request gives its row back too (`SamplingState.preempted`): it samples
+again only once the host knows all its tokens, and its row is rebuilt then. So the rows in use never exceed the
+running requests, at most `max_num_seqs`, which caps the table (`max_rows`): start-up sizing counts a full
+table (`sampler_profile.py`).
 """
 
 from __future__ import annotations
@@ -81,11 +84,15 @@ class StepPenalties:
 
 
 class PenaltyTable:
-    """Device rows of output token counts and prompt masks, one per live request with a penalty."""
+    """Device rows of output token counts and prompt masks, one per running request with a penalty; grown as
+    requests with a penalty arrive (a batch without any pays nothing), never past `max_rows`."""
 
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, max_rows: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.vocab = vocab_size
         self.device = device
+        self.max_rows = max_rows
         self.slot_of: dict[int, int] = {}  # request uid -> its row
         self.free: list[int] = []
         self.counts = torch.zeros((0, vocab_size), dtype=torch.int32, device=device)
@@ -164,7 +171,13 @@ class PenaltyTable:
             self.counts.index_put_((pairs[0], tokens), ones, accumulate=True)
 
     def _grow(self, capacity: int) -> None:
-        capacity = max(capacity, 2 * len(self.counts), 8)
+        """At least `capacity` rows; the old table and the new one both live while the rows are copied."""
+        if capacity > self.max_rows:
+            raise RuntimeError(
+                f"{capacity} requests with penalties hold rows; the table has at most {self.max_rows} "
+                "(max_num_seqs)"
+            )
+        capacity = min(max(capacity, 2 * len(self.counts), 8), self.max_rows)
         old = len(self.counts)
         counts = torch.zeros((capacity, self.vocab), dtype=torch.int32, device=self.device)
         in_prompt = torch.zeros((capacity, self.vocab), dtype=torch.bool, device=self.device)

@@ -16,9 +16,10 @@ _UID = attrgetter("uid")
 
 
 class SamplingState:
-    def __init__(self, vocab_size: int, device: torch.device, seed: int) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int, max_rows: int) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        self.max_rows = max_rows  # the most rows a step samples: max_num_seqs
         self.generators: dict[tuple[int, int], torch.Generator] = {}
         self._key: tuple[int, ...] = ()
         self._cache: SamplingBatch | None = None
@@ -71,7 +72,7 @@ class SamplingState:
             self.row_controls = RowControls.build([r.params for r in reqs], self.vocab_size, self.device)
         if batch.any_penalties:  # before `launch` makes this step's rows the requests' pending rows
             if self.penalty_table is None:
-                self.penalty_table = PenaltyTable(self.vocab_size, self.device)
+                self.penalty_table = PenaltyTable(self.vocab_size, self.device, self.max_rows)
             self.penalties = self.penalty_table.step(reqs, last_sampled)
         self._key, self._cache = key, batch
         return batch
@@ -101,3 +102,15 @@ class SamplingState:
         self.generators.pop(self.generator_key(req), None)
         if self.penalty_table is not None:
             self.penalty_table.release(req.uid)
+
+    def preempted(self, reqs: list[Request]) -> None:
+        """Preempted requests' penalty rows, given back so that the table stays within the running requests;
+        each is rebuilt from the host when its request samples again (it rejoins only once the host knows all
+        its tokens). The cached batch is dropped: a request preempted and re-admitted in one step keeps its key
+        but not its row. Its generator stays: its draws go on where they were."""
+        table = self.penalty_table
+        if table is None or not any(r.uid in table.slot_of for r in reqs):
+            return
+        for r in reqs:
+            table.release(r.uid)
+        self._key, self._cache = (), None

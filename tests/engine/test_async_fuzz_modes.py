@@ -46,7 +46,11 @@ def case(seed: int):
             sp = SamplingParams(temperature=0.0, max_tokens=mt, ignore_eos=True)
         elif kind < 0.8:
             sp = SamplingParams(
-                temperature=1.0, max_tokens=mt, seed=i, n=rng.choice([1, 2, 3]), ignore_eos=True
+                temperature=1.0,
+                max_tokens=mt,
+                seed=i,
+                n=min(rng.choice([1, 2, 3]), kw["max_num_seqs"]),
+                ignore_eos=True,
             )
         else:
             sp = SamplingParams(temperature=0.0, max_tokens=mt, stop_token_ids=[rng.randint(0, 127)])

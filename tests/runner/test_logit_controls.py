@@ -22,6 +22,7 @@ from tests.engine.test_penalties import penalize
 
 VOCAB = 16
 CPU = torch.device("cpu")
+ROWS = 32  # the penalty table's cap (max_num_seqs)
 
 
 # -- bad words: which tokens a step bans ------------------------------------------------------------
@@ -139,7 +140,7 @@ def test_sample_applies_the_controls_in_vllm_order():
         for row, ids in zip(banned, words_now):
             row.extend(ids)
         controls = StepControls(RowControls.build(params, VOCAB, CPU), waiting, last_sampled)
-        penalties = PenaltyTable(VOCAB, CPU).step(reqs, last_sampled)
+        penalties = PenaltyTable(VOCAB, CPU, ROWS).step(reqs, last_sampled)
         got = sample(logits.clone(), batch, banned_pairs(banned, VOCAB, CPU), penalties, controls).tolist()
         for k, (sp, output, w, _) in enumerate(rows):
             row = logits[k].double().tolist()
@@ -168,6 +169,6 @@ def test_a_bias_applies_before_the_repetition_penalty():
         batch = SamplingBatch.build([sp], [None], 4, CPU)
         r = Request("r", [0], sp)
         r.num_pending = 1
-        penalties = PenaltyTable(4, CPU).step([r], None)
+        penalties = PenaltyTable(4, CPU, ROWS).step([r], None)
         controls = StepControls(RowControls.build([sp], 4, CPU), None, None)
         assert sample(logits.clone(), batch, None, penalties, controls).item() == expected, bias

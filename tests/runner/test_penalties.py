@@ -18,6 +18,7 @@ from roseinfer.sampling_params import SamplingParams
 
 VOCAB = 64
 CPU = torch.device("cpu")
+ROWS = 32  # the penalty table's cap (max_num_seqs)
 
 
 def reference(
@@ -75,7 +76,7 @@ def test_penalized_logits_match_the_reference(name):
         SamplingParams(temperature=0.0, **(PENALTIES[name] if i % 3 else {})) for i in range(len(prompts))
     ]
     reqs = [request(p, o, sp, f"r{i}") for i, (p, o, sp) in enumerate(zip(prompts, outputs, params))]
-    pen = PenaltyTable(VOCAB, CPU).step(reqs, None)
+    pen = PenaltyTable(VOCAB, CPU, ROWS).step(reqs, None)
     assert pen is not None
     got = pen.apply(logits.clone())
     for i, (p, o, sp) in enumerate(zip(prompts, outputs, params)):
@@ -111,7 +112,7 @@ def test_greedy_and_seeded_rows_in_one_batch_sample_the_penalized_logits():
     def gens() -> list[torch.Generator | None]:
         return [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
 
-    pen = PenaltyTable(VOCAB, CPU).step(reqs, None)
+    pen = PenaltyTable(VOCAB, CPU, ROWS).step(reqs, None)
     batch = SamplingBatch.build(params, gens(), VOCAB, CPU)
     assert batch.any_penalties
     got = sample(logits.clone(), batch, banned_pairs(banned_ids, VOCAB, CPU), pen)
@@ -140,7 +141,7 @@ def test_fold_counts_each_request_once_and_a_fork_row_not_at_all():
     count only the first (the forks' rows start from their own outputs)."""
     sp = SamplingParams(temperature=1.0, frequency_penalty=1.0)
     a, b = request([1, 2], [5, 5, 6], sp, "a"), request([3], [], replace(sp, n=3), "b")
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, ROWS)
     pen = table.step([a, b, b, b], None)
     assert pen is not None
     pen.fold(torch.tensor([5, 9, 10, 11], dtype=torch.int32))
@@ -157,18 +158,18 @@ def test_a_token_in_flight_counts_when_a_row_is_filled():
     req = request([1], [4, 7], sp)
     req.num_pending, req.pending_row = 2, 2  # the token of this step and one of the step before
     previous = torch.tensor([30, 31, 7, 33], dtype=torch.int32)
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, ROWS)
     table.step([req], previous)
     assert table.counts[table.slot_of[req.uid]].tolist() == np.bincount([4, 7, 7], minlength=VOCAB).tolist()
     other = request([1], [4], sp, "other")
     other.num_pending = 2
     with pytest.raises(RuntimeError, match="in flight"):
-        PenaltyTable(VOCAB, CPU).step([other], None)
+        PenaltyTable(VOCAB, CPU, ROWS).step([other], None)
 
 
 def test_a_released_row_is_reused_clean_and_the_table_grows():
     sp = SamplingParams(temperature=0.0, presence_penalty=1.0)
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, ROWS)
     first = [request([i], [i + 1] * 3, sp, f"a{i}") for i in range(8)]
     table.step(first, None)
     assert len(table.counts) == 8
@@ -185,7 +186,35 @@ def test_a_released_row_is_reused_clean_and_the_table_grows():
 
 
 def test_no_penalty_row_no_table_work():
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, ROWS)
     reqs = [request([1, 2], [3], SamplingParams(temperature=0.0), "r")]
     assert table.step(reqs, None) is None and not table.slot_of
     assert not SamplingBatch.build([r.params for r in reqs], [None], VOCAB, CPU).any_penalties
+
+
+def test_the_table_grows_up_to_max_rows_and_no_further():
+    """Growth by doubling stops at max_rows (12, not the next doubling, 16); a request past max_rows live ones is
+    an error, not a bigger table; a released row makes room."""
+    sp = SamplingParams(temperature=0.0, presence_penalty=1.0)
+    table = PenaltyTable(VOCAB, CPU, 12)
+    first = [request([i], [i + 1], sp, f"a{i}") for i in range(8)]
+    table.step(first, None)
+    assert len(table.counts) == len(table.in_prompt) == 8
+    more = [request([i], [i + 2], sp, f"b{i}") for i in range(4)]
+    table.step(more, None)
+    assert len(table.counts) == len(table.in_prompt) == 12 and len(table.slot_of) == 12
+    assert table.counts[table.slot_of[first[3].uid]].nonzero().flatten().tolist() == [4]  # kept in growing
+    late = request([1], [2], sp, "late")
+    with pytest.raises(RuntimeError, match=r"at most 12 \(max_num_seqs\)"):
+        table.step([late], None)
+    table.release(more[0].uid)
+    table.step([late], None)
+    assert len(table.counts) == 12 and table.counts[table.slot_of[late.uid]].nonzero().flatten().tolist() == [
+        2
+    ]
+
+
+def test_a_small_cap_is_the_first_size():
+    table = PenaltyTable(VOCAB, CPU, 3)
+    table.step([request([1], [2], SamplingParams(temperature=0.0, frequency_penalty=1.0))], None)
+    assert len(table.counts) == 3  # not the usual first 8 rows
