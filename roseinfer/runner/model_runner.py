@@ -21,17 +21,22 @@ from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
+from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
+from roseinfer.runner.penalties import StepPenalties
 from roseinfer.runner.prompt_logprobs import (
     PromptLogprobsResult,
     compute_prompt_logprobs,
     prompt_logprobs_rows,
 )
 from roseinfer.runner.sampler import (
+    BannedTokens,
+    SamplingBatch,
     compute_logprobs,
     gather_logprobs,
     sample,
 )
+from roseinfer.runner.sampler_profile import WorstCaseSampling
 from roseinfer.runner.sampling_state import SamplingState
 from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.scheduler import SchedulerOutput
@@ -48,6 +53,30 @@ def release_dead_engines(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def draw(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    banned: BannedTokens | None,
+    penalties: StepPenalties | None,
+    controls: StepControls | None,
+    graph_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A step's tokens [R] (int32; `graph_tokens` where the decode graph drew them) from its sampled rows' logits
+    [R, V], counted in their penalty rows, and their packed logprobs where some row asks for them."""
+    # Logprobs of the raw logits, taken before `sample` masks banned tokens in them; the draw is the same with
+    # or without them (in the graph or out of it).
+    k = batch.num_logprobs
+    raw = None if k is None else compute_logprobs(logits)
+    if graph_tokens is not None:
+        tokens = graph_tokens
+    else:
+        tokens = sample(logits, batch, banned, penalties, controls).to(torch.int32)
+    if penalties is not None:
+        penalties.fold(tokens)
+    packed = None if k is None or raw is None else gather_logprobs(raw, tokens, k)
+    return tokens, packed
 
 
 class ModelRunner:
@@ -129,12 +158,29 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_peak_memory(self) -> int:
-        """Peak bytes used by weights plus one forward of a full token budget (with a scratch cache)."""
+        """Peak bytes used by weights plus the worst step at start-up sizing (`run_worst_case_step`)."""
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        num_tokens = min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
+        self.run_worst_case_step()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.empty_cache()
+        return peak
+
+    @torch.inference_mode()
+    def run_worst_case_step(self) -> torch.Tensor:
+        """One forward of a full token budget (over a scratch cache), beside the sampler's worst-case state (a
+        full penalty table after its largest growth, every row's allowed ids: `sampler_profile.py`); then, as
+        an eager step, one prompt-logprobs slice and a draw over `max_num_seqs` rows with every sampling
+        feature on. Leaves the runner as it was (its KV cache, its sampling state). Returns the drawn tokens."""
+        sched = self.config.scheduler
+        num_tokens = min(sched.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size)
-        self.allocate_kv_cache(num_blocks)
+        kv_cache = self._new_kv_cache(num_blocks)
+        vocab = self.cfg.vocab_size
+        worst = WorstCaseSampling.build(
+            sched.max_num_seqs, vocab, self.device, self.config.max_logprobs, num_tokens
+        )
         i32 = np.int32
         step = HostStep(
             input_ids=np.zeros(num_tokens, i32),
@@ -146,19 +192,23 @@ class ModelRunner:
             max_query_len=num_tokens,
         )
         ids, pos, meta, _ = upload_step(step, self.staging)
-        hidden = self.model(ids, pos, ForwardContext(self.kv_cache, meta, self.backend))
-        logits = self.model.compute_logits(hidden[-self.config.scheduler.max_num_seqs :])
-        del hidden, logits
-        self.kv_cache = None
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        torch.cuda.empty_cache()
-        return peak
+        hidden = self.model(ids, pos, ForwardContext(kv_cache, meta, self.backend))
+        del kv_cache
+        # Its packed rows go to the host before the step samples (`PromptLogprobsResult`).
+        compute_prompt_logprobs(self.model.compute_logits, hidden, worst.prompt_job, self.device)
+        # As many sampled rows as max_num_seqs, more than the step's tokens where n > 1 forks are drawn.
+        rows = torch.arange(sched.max_num_seqs, device=self.device) % num_tokens
+        logits = self.model.compute_logits(hidden[rows])
+        tokens, _ = draw(logits, worst.batch, worst.banned, worst.penalties, worst.controls)
+        return tokens
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_cache = self._new_kv_cache(num_blocks)
+
+    def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
         c = self.cfg
         shape = (num_blocks, c.num_layers, 2, self.block_size, c.num_kv_heads, c.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+        return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -321,18 +371,8 @@ class ModelRunner:
                 if i != previous:
                     r.pending_row = k
                     previous = i
-            # Logprobs of the raw logits, taken before `sample` masks banned tokens in them; the draw is the
-            # same with or without them (in the graph or out of it).
-            k = batch.num_logprobs
-            raw = None if k is None else compute_logprobs(logits)
-            if graph_tokens is not None:
-                tokens = graph_tokens  # sampled inside the graph
-            else:
-                tokens = sample(logits, batch, banned, penalties, controls).to(torch.int32)
-            if penalties is not None:
-                penalties.fold(tokens)
+            tokens, packed = draw(logits, batch, banned, penalties, controls, graph_tokens)
             self.last_sampled = tokens
-            packed = None if k is None or raw is None else gather_logprobs(raw, tokens, k)
             if self.device.type != "cuda":
                 return StepFuture(
                     len(out.scheduled), rows, tokens.clone(), None, step.one_sample_each, packed, prompt
