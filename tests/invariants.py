@@ -1,7 +1,8 @@
 """The engine's invariants (numbered as in the project's ARCHITECTURE.md), checked by tests/conftest.py on
 every scheduler and engine a test steps: after each `Scheduler.schedule()` (1-3, with the step's writers),
 after each `EngineCore.step()` and `LLMEngine.step()` / `abort_request()` (1, 2 and 4: a finished request
-holds nothing, an aborted one is queued no more, an idle engine holds nothing but its pins)."""
+holds nothing, an aborted one is queued no more, an idle engine holds nothing but its pins; penalty rows belong to
+running requests and stay within max_num_seqs, the worst case start-up sizing counts)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,13 @@ def check_core(core: EngineCore) -> None:
     for r in [*sched.running, *sched.waiting]:
         if r.is_finished:
             raise AssertionError(f"{r} is queued in a terminal state")
+    table = core.runner.sampling.penalty_table
+    if table is not None:  # rows of running requests only (none of a preempted one), within max_num_seqs
+        stray = set(table.slot_of) - {r.uid for r in sched.running}
+        if stray:
+            raise AssertionError(f"penalty rows held by requests that are not running: uids {sorted(stray)}")
+        if len(table.counts) > core.config.scheduler.max_num_seqs:
+            raise AssertionError(f"a penalty table of {len(table.counts)} rows, past max_num_seqs")
     if not core.has_unfinished():
         if kv.num_free_blocks != kv.num_blocks - len(kv.pool.pinned):
             raise AssertionError(f"idle engine: {kv.num_free_blocks} of {kv.num_blocks} blocks free")
