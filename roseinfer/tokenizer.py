@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-__all__ = ["IncrementalDetokenizer", "apply_chat_template", "load_tokenizer"]
+__all__ = ["IncrementalDetokenizer", "added_token_contents", "apply_chat_template", "load_tokenizer"]
 
 _REPLACEMENT_CHAR = "\ufffd"
 
@@ -73,6 +73,12 @@ def apply_chat_template(
     return [int(i) for i in ids]
 
 
+def added_token_contents(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    """Each added token's id and content (special or not), as the tokenizer lists them."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return {int(tid): str(getattr(tok, "content", tok)) for tid, tok in added.items()}
+
+
 class IncrementalDetokenizer:
     """Turn a stream of generated token ids into text deltas without breaking multi-byte characters.
 
@@ -97,9 +103,16 @@ class IncrementalDetokenizer:
         tokenizer: PreTrainedTokenizerBase,
         prompt_token_ids: Sequence[int],
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # As vLLM's: with special tokens kept and spaces between them off, an added token right after another
+        # one emits just its content, dropping whatever separator the decoder puts before it. Empty: off.
+        self._joined: dict[int, str] = (
+            {} if skip_special_tokens or spaces_between_special_tokens else added_token_contents(tokenizer)
+        )
+        self._last_added = False
         # The decoding window's ids: the prompt's, then the output's but for the special tokens decoding skips.
         # Those never enter it, as `decode(all ids, skip_special_tokens=True)` never sees them: kept as context
         # they would pile up, and pushed out they would leave a SentencePiece-style decoder no text before the
@@ -151,8 +164,11 @@ class IncrementalDetokenizer:
         self._output_ids.append(token_id)
         if token_id in self._specials and self._skips(token_id):
             return ""
+        joined = self._joined and self._joins(token_id)
         self._ids.append(token_id)
         n = len(self._ids)
+        if joined:
+            return self._emit(self._joined[token_id], n)
         new_text = self._decode(self._prefix_offset, n)
         pending = n - self._read_offset
         if not new_text.endswith(_REPLACEMENT_CHAR):
@@ -177,6 +193,14 @@ class IncrementalDetokenizer:
         return self._advance(self._decode(self._prefix_offset, n), n)
 
     # -- internals ----------------------------------------------------------------------------------------
+    def _joins(self, token_id: int) -> bool:
+        """Whether this added token follows another with nothing held back between: its text is then its
+        content alone. The first output token never joins, whatever the prompt ends with (as vLLM's)."""
+        added = token_id in self._joined
+        joins = added and self._last_added and self.num_pending_tokens == 0
+        self._last_added = added
+        return joins
+
     def _skips(self, token_id: int) -> bool:
         """Whether decoding drops this special token (asked of the tokenizer once per id)."""
         skipped = self._skipped.get(token_id)
@@ -197,7 +221,10 @@ class IncrementalDetokenizer:
 
     def _advance(self, window_text: str, end: int) -> str:
         """Emit ``window_text`` past the context and move the window so it ends at token ``end``."""
-        delta = window_text[len(self._prefix_text) :]
+        return self._emit(window_text[len(self._prefix_text) :], end)
+
+    def _emit(self, delta: str, end: int) -> str:
+        """Emit ``delta`` as the text of the tokens up to ``end`` and move the window to end there."""
         self._prefix_offset, self._read_offset = self._read_offset, end
         self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
         if delta:
