@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from numbers import Integral, Real
+
+
+class RequestOutputKind(Enum):
+    """What `LLMEngine.step` returns for a request, as vLLM v1's: CUMULATIVE, each output holding everything so
+    far; DELTA, only what is new since the request's previous output; FINAL_ONLY, only the finished output."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _plain_int(value: object) -> object:
@@ -65,6 +75,15 @@ class SamplingParams:
     # As vLLM: keep only the last k prompt tokens (k >= 1; -1: the model's max length), before the prompt's
     # length is checked.
     truncate_prompt_tokens: int | None = None
+    # As vLLM v1: what each output of the request holds (`RequestOutputKind`). `LLM.generate` runs its
+    # requests as FINAL_ONLY, whatever is asked here.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # As vLLM v1: False leaves every output's text empty and its logprobs' decoded tokens None (the token
+    # ids are still there); stop strings need it True.
+    detokenize: bool = True
+    # As vLLM v1 with special tokens kept (skip_special_tokens=False): False puts nothing between two added
+    # tokens in a row, where the tokenizer's decoder would (a WordPiece decoder puts a space).
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_tokens", "min_tokens", "n", "seed", "logprobs", "prompt_logprobs"):
@@ -123,6 +142,19 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids}")
         self._check_logit_controls()
+        self._check_output_fields()
+
+    def _check_output_fields(self) -> None:
+        """output_kind, detokenize and spaces_between_special_tokens: their types, and stop strings' need of
+        detokenization."""
+        if not isinstance(self.output_kind, RequestOutputKind):
+            kinds = ", ".join(f"RequestOutputKind.{k.name}" for k in RequestOutputKind)
+            raise ValueError(f"output_kind must be one of {kinds}, got {self.output_kind!r}")
+        for name in ("detokenize", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (their text is what is searched)")
 
     def _check_logit_controls(self) -> None:
         """allowed_token_ids, logit_bias, bad_words and truncate_prompt_tokens: their types and ranges that need

@@ -220,11 +220,18 @@ class LLMEngine:
         return rid
 
     def detokenizer(self, req: Request) -> Any | None:
-        if self.tokenizer is None:
+        """The sample's incremental detokenizer; None where it has no text (no tokenizer, or detokenize off)."""
+        params = req.params
+        if self.tokenizer is None or not params.detokenize:
             return None
         from roseinfer.tokenizer import IncrementalDetokenizer
 
-        return IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.params.skip_special_tokens)
+        return IncrementalDetokenizer(
+            self.tokenizer,
+            req.prompt_token_ids,
+            params.skip_special_tokens,
+            params.spaces_between_special_tokens,
+        )
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Aborts one request or several (as vLLM's); ids unknown or already finished are ignored."""
@@ -272,8 +279,10 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------------------------------
 
     def step(self, final_only: bool = False) -> list[RequestOutput]:
-        """One engine step; returns an output for every request that produced a token or finished
-        (only for finished ones with `final_only`, which spares copying every running output each step).
+        """One engine step; returns an output for every request that produced a token or finished, as its
+        `SamplingParams.output_kind` asks: CUMULATIVE (all so far), DELTA (what is new since its last output)
+        or FINAL_ONLY (none until it finishes, which spares building running outputs each step).
+        `final_only=True` treats every request as FINAL_ONLY for this step.
         Whatever a step raises leaves the engine dead: every later step or add_request raises."""
         self._check_alive()
         try:
@@ -296,7 +305,7 @@ class LLMEngine:
         outputs = []
         for rid, (group, req) in touched.items():
             # A group is finished only once each of its sequences is, this one included: cheap test first.
-            if final_only and not (req.is_finished and group.finished):
+            if (final_only or group.final_only) and not (req.is_finished and group.finished):
                 continue
             outputs.append(group.output())
             if group.finished:

@@ -1,5 +1,6 @@
 """What `LLMEngine.step` returns, built from its requests: each sample's text (stop strings found as it
-grows) and logprob dicts, and a request's outputs with its n > 1 samples and its prompt logprobs."""
+grows) and logprob dicts, and a request's outputs with its n > 1 samples and its prompt logprobs, whole or
+(`RequestOutputKind.DELTA`) only what is new since the request's previous output."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from roseinfer.logprobs import (
 )
 from roseinfer.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from roseinfer.request import Request, RequestStatus
+from roseinfer.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
     from roseinfer.engine.llm_engine import LLMEngine
@@ -30,7 +32,11 @@ class SequenceOutput:
         self.num_seen = 0  # output tokens already detokenized
         self.logprobs: SampleLogprobs = []  # one dict per output token, built as outputs are made
         self.num_logprobs = num_logprobs(req.params.logprobs, engine.model_config.vocab_size)
-        self.decode = engine.token_text
+        self.decode = engine.token_text if req.params.detokenize else None
+        self.changed = False  # got a token since its last output
+        # DELTA: the output tokens (and their logprob dicts) and the text characters already returned.
+        self.num_sent_tokens = 0
+        self.num_sent_chars = 0
 
     def on_token(self, engine: LLMEngine) -> None:
         """Takes every output token not seen yet, in order: with async scheduling one engine step can
@@ -73,7 +79,10 @@ class SequenceOutput:
             engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
         return True
 
-    def output(self) -> CompletionOutput:
+    def output(self, delta: bool) -> CompletionOutput:
+        """The sample's output: everything so far, or with `delta` what is new since its last output (text,
+        token ids and logprob dicts; the cumulative logprob stays the sum over all tokens, as vLLM's)."""
+        self.changed = False
         req = self.req
         reason = req.stop_reason
         if isinstance(reason, int) and reason not in req.params.stop_token_ids:
@@ -82,19 +91,28 @@ class SequenceOutput:
         if req.params.stop and not req.params.include_stop_str_in_output and not req.is_finished:
             # As vLLM: hold back what could still begin a stop string, so streamed text is never cut back.
             text = text[: max(len(text) - max(len(s) for s in req.params.stop) + 1, 0)]
-        out = CompletionOutput(req.sample_index, text, list(req.output_token_ids), req.finish_reason, reason)
+        ids = req.output_token_ids
         if req.logprobs is not None:
-            out.logprobs = self._logprobs(req.logprobs)
+            self._add_logprobs(req.logprobs)
+        if delta:
+            # A stop string never cuts into text already returned: the held-back text covers any it could.
+            sent, self.num_sent_tokens = self.num_sent_tokens, len(ids)
+            text, self.num_sent_chars = text[self.num_sent_chars :], len(text)
+            ids, logprobs = ids[sent:], self.logprobs[sent:]
+        else:
+            ids, logprobs = list(ids), list(self.logprobs)
+        out = CompletionOutput(req.sample_index, text, ids, req.finish_reason, reason)
+        if req.logprobs is not None:
+            out.logprobs = logprobs
             out.cumulative_logprob = req.cumulative_logprob
         return out
 
-    def _logprobs(self, raw: list[TokenLogprobs]) -> SampleLogprobs:
+    def _add_logprobs(self, raw: list[TokenLogprobs]) -> None:
         """One dict per output token (as vLLM, each token's text decoded alone), built once per token: a
         streamed output's list extends the one before."""
         del self.logprobs[len(raw) :]  # tokens dropped past a stop string (never shown yet)
         for entry in raw[len(self.logprobs) :]:
             self.logprobs.append(position_logprobs(entry, self.num_logprobs, self.decode))
-        return list(self.logprobs)
 
 
 class RequestGroup:
@@ -106,24 +124,35 @@ class RequestGroup:
         self.seqs = [SequenceOutput(req, engine.detokenizer(req), engine)]
         self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
         self.prompt_logprobs: PromptLogprobs | None = None  # built once, with the first output
+        kind = req.params.output_kind
+        self.delta = kind is RequestOutputKind.DELTA
+        self.final_only = kind is RequestOutputKind.FINAL_ONLY  # `LLMEngine.step` skips it until it finishes
+        self.num_outputs = 0
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
             self.seqs.append(SequenceOutput(req, self.engine.detokenizer(req), self.engine))
+        seq = self.seqs[req.sample_index]
+        seq.changed = True
         if self.has_text:
-            self.seqs[req.sample_index].on_token(self.engine)
+            seq.on_token(self.engine)
 
     @property
     def finished(self) -> bool:
         return len(self.seqs) == self.root.params.n and all(seq.req.is_finished for seq in self.seqs)
 
     def output(self) -> RequestOutput:
+        """Every sample's output; with DELTA, those of the samples that got a token since the request's last
+        output (as vLLM's merged n > 1 deltas), and the prompt logprobs on the first output only."""
         root = self.root
+        prompt_logprobs = None if self.delta and self.num_outputs else self._prompt_logprobs()
+        self.num_outputs += 1
+        seqs = [seq for seq in self.seqs if seq.changed] if self.delta else self.seqs
         return RequestOutput(
             request_id=root.request_id,
             prompt=root.prompt,
             prompt_token_ids=list(root.prompt_token_ids),  # the caller's to keep: not the request's own list
-            outputs=[seq.output() for seq in self.seqs],
+            outputs=[seq.output(self.delta) for seq in seqs],
             finished=self.finished,
             num_cached_tokens=root.num_cached_tokens,
             metrics=RequestMetrics(
@@ -131,7 +160,7 @@ class RequestGroup:
                 root.first_token_time,
                 max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
             ),
-            prompt_logprobs=self._prompt_logprobs(),
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _prompt_logprobs(self) -> PromptLogprobs | None:
@@ -141,5 +170,6 @@ class RequestGroup:
             if root.needs_prompt_logprobs:
                 raise RuntimeError(f"{root} has {len(raw)} prompt logprobs at its first output")
             k = num_logprobs(root.params.prompt_logprobs, self.engine.model_config.vocab_size)
-            self.prompt_logprobs = prompt_position_logprobs(raw, k, self.engine.token_text)
+            decode = self.engine.token_text if root.params.detokenize else None
+            self.prompt_logprobs = prompt_position_logprobs(raw, k, decode)
         return None if self.prompt_logprobs is None else list(self.prompt_logprobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 
@@ -13,7 +14,7 @@ from roseinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerCo
 from roseinfer.engine.llm_engine import LLMEngine, Prompt, default_device
 from roseinfer.models.loader import resolve_model_path
 from roseinfer.outputs import RequestOutput
-from roseinfer.sampling_params import SamplingParams
+from roseinfer.sampling_params import RequestOutputKind, SamplingParams
 
 
 class InvalidRequestError(ValueError):
@@ -126,6 +127,21 @@ def load_prefix_file(path: str) -> list[str | list[int]]:
     return items
 
 
+def final_only(params: list) -> list:
+    """As vLLM's `generate`: each request returns its finished output only (FINAL_ONLY), whatever its params
+    asked. Set on copies, one per distinct params object: the caller's are left as they were."""
+    copies: dict[int, SamplingParams] = {}
+    out = []
+    for p in params:
+        if isinstance(p, SamplingParams) and p.output_kind is not RequestOutputKind.FINAL_ONLY:
+            if id(p) not in copies:
+                copies[id(p)] = copy.copy(p)
+                copies[id(p)].output_kind = RequestOutputKind.FINAL_ONLY
+            p = copies[id(p)]
+        out.append(p)
+    return out
+
+
 def _triton_available() -> bool:
     try:
         import roseinfer.attention.triton_backend  # noqa: F401
@@ -195,6 +211,7 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        params = final_only(params)
         engine = self.engine
         index: dict[str, int] = {}
         errors: dict[int, str] = {}
@@ -222,7 +239,7 @@ class LLM:
         with tqdm(total=total, desc="generate", unit="tok", disable=not use_tqdm or not index) as bar:
             while engine.has_unfinished_requests():
                 before = engine.num_generated_tokens
-                for out in engine.step(final_only=True):
+                for out in engine.step():
                     i = index.get(out.request_id)
                     if i is not None:
                         results[i] = out
