@@ -79,7 +79,7 @@ class SequenceOutput:
             engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
         return True
 
-    def output(self, delta: bool) -> CompletionOutput:
+    def output(self, delta: bool = False) -> CompletionOutput:
         """The sample's output: everything so far, or with `delta` what is new since its last output (text,
         token ids and logprob dicts; the cumulative logprob stays the sum over all tokens, as vLLM's)."""
         self.changed = False
