@@ -164,7 +164,7 @@ class IncrementalDetokenizer:
         self._output_ids.append(token_id)
         if token_id in self._specials and self._skips(token_id):
             return ""
-        joined = self._joined and self._joins(token_id)
+        joined = bool(self._joined) and self._joins(token_id)
         self._ids.append(token_id)
         n = len(self._ids)
         if joined:
