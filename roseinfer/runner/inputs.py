@@ -46,6 +46,22 @@ class HostStep:
         return len(self.seq_lens)
 
 
+def one_prefill_step(num_tokens: int, block_size: int) -> HostStep:
+    """A single sequence's prefill of `num_tokens` tokens (id 0) over blocks 0, 1, ...: the step start-up
+    sizing measures."""
+    i32 = np.int32
+    num_blocks = -(-num_tokens // block_size)
+    return HostStep(
+        input_ids=np.zeros(num_tokens, i32),
+        positions=np.arange(num_tokens, dtype=i32),
+        slot_mapping=np.arange(num_tokens, dtype=i32),
+        query_start_loc=np.array([0, num_tokens], i32),
+        seq_lens=np.array([num_tokens], i32),
+        block_tables=np.arange(num_blocks, dtype=i32)[None],
+        max_query_len=num_tokens,
+    )
+
+
 def block_table_array(rows: list[list[int]]) -> np.ndarray:
     """[len(rows), longest] int32, each row's block ids left-aligned and zero past its end; filled with one
     boolean-mask assignment rather than a slice assignment per row."""

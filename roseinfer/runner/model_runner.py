@@ -20,7 +20,7 @@ from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
-from roseinfer.runner.inputs import HostStep, Staging, build_host_step, upload_step
+from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
 from roseinfer.runner.penalties import StepPenalties
@@ -181,16 +181,7 @@ class ModelRunner:
         worst = WorstCaseSampling.build(
             sched.max_num_seqs, vocab, self.device, self.config.max_logprobs, num_tokens
         )
-        i32 = np.int32
-        step = HostStep(
-            input_ids=np.zeros(num_tokens, i32),
-            positions=np.arange(num_tokens, dtype=i32),
-            slot_mapping=np.arange(num_tokens, dtype=i32),
-            query_start_loc=np.array([0, num_tokens], i32),
-            seq_lens=np.array([num_tokens], i32),
-            block_tables=np.arange(num_blocks, dtype=i32)[None],
-            max_query_len=num_tokens,
-        )
+        step = one_prefill_step(num_tokens, self.block_size)
         ids, pos, meta, _ = upload_step(step, self.staging)
         hidden = self.model(ids, pos, ForwardContext(kv_cache, meta, self.backend))
         del kv_cache

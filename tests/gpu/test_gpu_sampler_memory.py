@@ -16,7 +16,7 @@ import torch
 from roseinfer import LLM, SamplingParams
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import BUILTIN_CONFIG_DIR
-from roseinfer.runner.inputs import HostStep, upload_step
+from roseinfer.runner.inputs import one_prefill_step, upload_step
 from roseinfer.runner.model_runner import ModelRunner
 from tests.gpu.conftest import free_gpu
 
@@ -45,16 +45,7 @@ def forward_only_peak(runner: ModelRunner) -> int:
     n = min(BUDGET, runner.max_model_len)
     blocks = -(-n // runner.block_size)
     scratch = runner._new_kv_cache(blocks)
-    i32 = np.int32
-    step = HostStep(
-        input_ids=np.zeros(n, i32),
-        positions=np.arange(n, dtype=i32),
-        slot_mapping=np.arange(n, dtype=i32),
-        query_start_loc=np.array([0, n], i32),
-        seq_lens=np.array([n], i32),
-        block_tables=np.arange(blocks, dtype=i32)[None],
-        max_query_len=n,
-    )
+    step = one_prefill_step(n, runner.block_size)
     ids, pos, meta, _ = upload_step(step, runner.staging)
     hidden = runner.model(ids, pos, ForwardContext(scratch, meta, runner.backend))
     logits = runner.model.compute_logits(hidden[-MAX_SEQS:])
