@@ -27,6 +27,17 @@ def _plain_float(value: object) -> object:
     return float(value) if isinstance(value, Real) and not isinstance(value, bool) else value
 
 
+def _token_id_key(key: object) -> object:
+    """A logit_bias key as a token id: JSON gives string keys ("50256"), which name the id `int` reads in them,
+    as vLLM's `int(token_id)`; a string that holds no integer stays a string (refused by name)."""
+    if isinstance(key, str):
+        try:
+            return int(key)
+        except ValueError:
+            return key
+    return _plain_int(key)
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -173,12 +184,7 @@ class SamplingParams:
                 raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
             bias: dict[int, float] = {}
             for key, value in self.logit_bias.items():
-                # JSON gives string keys ("50256"): as vLLM, they name the id they spell.
-                tid = (
-                    int(key)
-                    if isinstance(key, str) and key.strip().lstrip("-").isdigit()
-                    else _plain_int(key)
-                )
+                tid = _token_id_key(key)
                 value = _plain_float(value)
                 if not isinstance(tid, int) or isinstance(tid, bool) or tid < 0:
                     raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
