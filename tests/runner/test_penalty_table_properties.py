@@ -13,12 +13,14 @@ from roseinfer.runner.penalties import PenaltyTable
 from roseinfer.sampling_params import SamplingParams
 from tests.runner.test_penalties import CPU, VOCAB, reference, request
 
+MAX_ROWS = 64  # the table's cap (max_num_seqs), above every size these tests grow it to
+
 
 def test_an_n_sample_request_holds_one_row_and_frees_it():
     """The n rows of one prompt share one table row; once the request is released every row is free, so a
     long-running engine does not grow its table by n - 1 rows a request."""
     sp = SamplingParams(temperature=1.0, n=3, presence_penalty=1.0)
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, MAX_ROWS)
     for i in range(20):
         req = request([1, 2], [3], sp, f"r{i}")
         assert table.step([req, req, req], None) is not None
@@ -37,7 +39,7 @@ def test_rows_filled_before_the_table_grows_keep_their_prompt_and_counts():
     prompts = [rng.integers(0, VOCAB, 5).tolist() for _ in range(9)]
     outputs = [rng.integers(0, VOCAB, 4).tolist() for _ in range(9)]
     reqs = [request(p, o, sp, f"r{i}") for i, (p, o) in enumerate(zip(prompts, outputs))]
-    table = PenaltyTable(VOCAB, CPU)
+    table = PenaltyTable(VOCAB, CPU, MAX_ROWS)
     table.step(reqs[:8], None)
     assert len(table.counts) == 8
     table.step(reqs[8:], None)
@@ -58,4 +60,4 @@ def test_more_than_one_earlier_token_in_flight_is_refused():
     req = request([1], [4], sp)
     req.num_pending, req.pending_row = 3, 0
     with pytest.raises(RuntimeError, match="more than one earlier token in flight"):
-        PenaltyTable(VOCAB, CPU).step([req], torch.tensor([5], dtype=torch.int32))
+        PenaltyTable(VOCAB, CPU, MAX_ROWS).step([req], torch.tensor([5], dtype=torch.int32))
