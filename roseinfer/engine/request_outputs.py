@@ -132,10 +132,11 @@ class RequestGroup:
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
             self.seqs.append(SequenceOutput(req, self.engine.detokenizer(req), self.engine))
-        seq = self.seqs[req.sample_index]
-        seq.changed = True
-        if self.has_text:
-            seq.on_token(self.engine)
+        if self.has_text or self.delta:  # else nothing to do per token (a W2 step touches 256 groups)
+            seq = self.seqs[req.sample_index]
+            seq.changed = True  # read by DELTA only
+            if self.has_text:
+                seq.on_token(self.engine)
 
     @property
     def finished(self) -> bool:
