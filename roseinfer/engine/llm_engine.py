@@ -279,9 +279,10 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------------------------------
 
     def step(self, final_only: bool = False) -> list[RequestOutput]:
-        """One engine step; returns an output for every request that produced a token or finished, as its
-        `SamplingParams.output_kind` asks: CUMULATIVE (all so far), DELTA (what is new since its last output)
-        or FINAL_ONLY (none until it finishes, which spares building running outputs each step).
+        """One engine step; returns outputs as each request's `SamplingParams.output_kind` asks: CUMULATIVE (all
+        so far) or DELTA (what is new since the sample's last output), one output per sample that got a token or
+        finished, holding that sample alone (vLLM v1's n > 1 streaming); FINAL_ONLY (one output with every sample
+        once the last finishes, which spares building running outputs each step).
         `final_only=True` treats every request as FINAL_ONLY for this step.
         Whatever a step raises leaves the engine dead: every later step or add_request raises."""
         self._check_alive()
@@ -294,22 +295,33 @@ class LLMEngine:
     def _step(self, final_only: bool) -> list[RequestOutput]:
         got, _ = self.core.step()
         self.num_generated_tokens += len(got)
-        touched: dict[str, tuple[RequestGroup, Request]] = {}
+        # In the order the core gave them: a finished FINAL_ONLY group under its request id (once, whichever of
+        # its samples ends it), a streamed sample under its Request (once, though async scheduling may have
+        # given it two tokens). The outputs are built after every token is taken: a stop string found in one
+        # sample's text may finish it after a sibling was looked at.
+        ready: dict[str | Request, tuple[RequestGroup, Request]] = {}
         for req in got:
             root = req.parent or req
             group = self.groups.get(root.request_id)
             if group is None:
                 continue  # aborted meanwhile
             group.on_token(req)
-            touched[root.request_id] = (group, req)
+            if not (final_only or group.final_only):
+                ready[req] = (group, req)
+            elif req.is_finished:  # cheap test first: the group ends with one of its samples
+                ready[root.request_id] = (group, req)
         outputs = []
-        for rid, (group, req) in touched.items():
-            # A group is finished only once each of its sequences is, this one included: cheap test first.
-            if (final_only or group.final_only) and not (req.is_finished and group.finished):
-                continue
-            outputs.append(group.output())
-            if group.finished:
-                del self.groups[rid]
+        for key, (group, req) in ready.items():
+            if key.__class__ is str:
+                if not group.finished or group.done:
+                    continue  # waits for a sibling, or already given by another of its samples
+                out: RequestOutput | None = group.output()
+            else:
+                out = group.sample_output(req)
+            if out is not None:
+                outputs.append(out)
+            if group.done:
+                self.groups.pop(group.root.request_id, None)
         return outputs
 
 

@@ -1,6 +1,8 @@
 """What `LLMEngine.step` returns, built from its requests: each sample's text (stop strings found as it
-grows) and logprob dicts, and a request's outputs with its n > 1 samples and its prompt logprobs, whole or
-(`RequestOutputKind.DELTA`) only what is new since the request's previous output."""
+grows) and logprob dicts, and a request's outputs with its prompt logprobs, whole or (`RequestOutputKind.DELTA`)
+only what is new since the sample's previous output. As vLLM v1's (`ParentRequest.get_outputs`): a streamed
+n > 1 request gives one output per sample that moved, holding that sample alone; a FINAL_ONLY one gives a single
+output holding all n samples once the last finishes."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ class SequenceOutput:
         self.logprobs: SampleLogprobs = []  # one dict per output token, built as outputs are made
         self.num_logprobs = num_logprobs(req.params.logprobs, engine.model_config.vocab_size)
         self.decode = engine.token_text if req.params.detokenize else None
-        self.changed = False  # got a token since its last output
+        self.num_outputs = 0  # streamed outputs made (DELTA: the first carries the prompt logprobs)
+        self.returned_final = False  # its finished output went out: it yields nothing more
         # DELTA: the output tokens (and their logprob dicts) and the text characters already returned.
         self.num_sent_tokens = 0
         self.num_sent_chars = 0
@@ -82,7 +85,6 @@ class SequenceOutput:
     def output(self, delta: bool = False) -> CompletionOutput:
         """The sample's output: everything so far, or with `delta` what is new since its last output (text,
         token ids and logprob dicts; the cumulative logprob stays the sum over all tokens, as vLLM's)."""
-        self.changed = False
         req = self.req
         reason = req.stop_reason
         if isinstance(reason, int) and reason not in req.params.stop_token_ids:
@@ -127,39 +129,58 @@ class RequestGroup:
         kind = req.params.output_kind
         self.delta = kind is RequestOutputKind.DELTA
         self.final_only = kind is RequestOutputKind.FINAL_ONLY  # `LLMEngine.step` skips it until it finishes
-        self.num_outputs = 0
+        self.num_open = req.params.n  # samples whose finished output has not gone out yet
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
             self.seqs.append(SequenceOutput(req, self.engine.detokenizer(req), self.engine))
-        if self.has_text or self.delta:  # else nothing to do per token (a W2 step touches 256 groups)
-            seq = self.seqs[req.sample_index]
-            seq.changed = True  # read by DELTA only
-            if self.has_text:
-                seq.on_token(self.engine)
+        if self.has_text:  # else nothing to do per token (a W2 step touches 256 groups)
+            self.seqs[req.sample_index].on_token(self.engine)
 
     @property
     def finished(self) -> bool:
         return len(self.seqs) == self.root.params.n and all(seq.req.is_finished for seq in self.seqs)
 
+    @property
+    def done(self) -> bool:
+        """Every sample's finished output has gone out (streamed); the group has nothing more to give."""
+        return self.num_open == 0
+
     def output(self) -> RequestOutput:
-        """Every sample's output; with DELTA, those of the samples that got a token since the request's last
-        output (as vLLM's merged n > 1 deltas), and the prompt logprobs on the first output only."""
-        root = self.root
-        prompt_logprobs = None if self.delta and self.num_outputs else self._prompt_logprobs()
-        self.num_outputs += 1
-        seqs = [seq for seq in self.seqs if seq.changed] if self.delta else self.seqs
+        """The finished request's one output (FINAL_ONLY): every sample, in index order."""
+        self.num_open = 0
+        return self._request_output([seq.output(self.delta) for seq in self.seqs], self._prompt_logprobs())
+
+    def sample_output(self, req: Request) -> RequestOutput | None:
+        """A streamed output for the sample `req` that moved this step: that sample alone, everything so far or
+        (DELTA) what is new for it. None once its finished output went out. `finished` is set on the output that
+        brings the last sample's end, as vLLM's; DELTA gives each sample the prompt logprobs on its first output,
+        as vLLM's per-sample requests each do."""
+        seq = self.seqs[req.sample_index]
+        if seq.returned_final:
+            return None
+        if req.is_finished:
+            seq.returned_final = True
+            self.num_open -= 1
+        prompt_logprobs = None if self.delta and seq.num_outputs else self._prompt_logprobs()
+        seq.num_outputs += 1
+        return self._request_output([seq.output(self.delta)], prompt_logprobs)
+
+    def _request_output(
+        self, outputs: list[CompletionOutput], prompt_logprobs: PromptLogprobs | None
+    ) -> RequestOutput:
+        root, done = self.root, self.num_open == 0
         return RequestOutput(
             request_id=root.request_id,
             prompt=root.prompt,
             prompt_token_ids=list(root.prompt_token_ids),  # the caller's to keep: not the request's own list
-            outputs=[seq.output(self.delta) for seq in seqs],
-            finished=self.finished,
+            outputs=outputs,
+            finished=done,
             num_cached_tokens=root.num_cached_tokens,
             metrics=RequestMetrics(
                 root.arrival_time,
                 root.first_token_time,
-                max((s.req.finished_time or 0.0) for s in self.seqs) if self.finished else None,
+                max((s.req.finished_time or 0.0) for s in self.seqs) if done else None,
             ),
             prompt_logprobs=prompt_logprobs,
         )

@@ -1,7 +1,8 @@
 """`SamplingParams.output_kind`, as vLLM v1's `RequestOutputKind`: CUMULATIVE outputs hold everything so far;
-DELTA outputs only what is new since the request's previous output (text, token ids, logprob dicts; prompt
-logprobs on the first output only; with n > 1 only the samples that got a token); FINAL_ONLY requests show
-nothing until they finish. `LLM.generate` runs its requests as FINAL_ONLY.
+DELTA outputs only what is new since the sample's previous output (text, token ids, logprob dicts; prompt
+logprobs on each sample's first output only); with n > 1 a streamed output holds one sample, one output per
+sample that got a token (as vLLM v1); FINAL_ONLY requests show nothing until they finish, then all samples.
+`LLM.generate` runs its requests as FINAL_ONLY.
 
 The reference for DELTA is a CUMULATIVE twin of each request (same prompt, same seeded params) in the same
 engine: the deltas so far must add up to what the twin showed at the same number of tokens, held-back text
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from roseinfer import LLM, RequestOutput, RequestOutputKind, SamplingParams
+from roseinfer import LLM, CompletionOutput, RequestOutput, RequestOutputKind, SamplingParams
 from roseinfer.engine.request_outputs import RequestGroup
 
 CUMULATIVE, DELTA, FINAL_ONLY = (
@@ -103,6 +104,12 @@ def assert_same_logprobs(got: list | None, want: list | None) -> None:
             assert [x.logprob for x in a.values()] == pytest.approx([x.logprob for x in b.values()], abs=1e-4)
 
 
+def last_per_sample(outs: list[RequestOutput]) -> dict[int, CompletionOutput]:
+    """A CUMULATIVE stream: each sample's last output (one sample an output, as vLLM v1's n > 1 streaming)."""
+    assert all(len(o.outputs) == 1 for o in outs)
+    return {o.outputs[0].index: o.outputs[0] for o in outs}
+
+
 def by_tokens(outs: list[RequestOutput]) -> dict[tuple[int, int], str]:
     """A CUMULATIVE stream: (sample index, number of tokens) -> the text it showed then."""
     return {(c.index, len(c.token_ids)): c.text for o in outs for c in o.outputs}
@@ -123,18 +130,24 @@ def test_deltas_add_up_to_the_cumulative_outputs(llm: LLM, seed: int) -> None:
     compared = 0
     for (_, params), cum_id, delta_id in zip(requests[::2], rids[::2], rids[1::2]):
         cums, deltas = [o for _, o in outs[cum_id]], outs[delta_id]
-        final = {c.index: c for c in cums[-1].outputs}
+        final = last_per_sample(cums)
         assert cums[-1].finished and len(final) == params.n
         assert [o.finished for _, o in deltas] == [False] * (len(deltas) - 1) + [True]
-        assert_same_logprobs(deltas[0][1].prompt_logprobs, cums[-1].prompt_logprobs)
-        assert all(o.prompt_logprobs is None for _, o in deltas[1:])
+        firsts = {o.outputs[0].index: o for _, o in reversed(deltas)}  # each sample's first delta
+        for _, o in deltas:
+            if o is firsts[o.outputs[0].index]:
+                assert_same_logprobs(o.prompt_logprobs, cums[-1].prompt_logprobs)
+            else:
+                assert o.prompt_logprobs is None
         seen = by_tokens(cums)
         text: dict[int, str] = defaultdict(str)
         ids: dict[int, list[int]] = defaultdict(list)
         logprobs: dict[int, list] = defaultdict(list)
-        for step, o in deltas:
-            indices = [c.index for c in o.outputs]
-            assert indices == sorted({i for rid, i in changed[step] if rid == delta_id}), o
+        assert all(len(o.outputs) == 1 for _, o in deltas)
+        for step in {step for step, _ in deltas} | {s for s, got in changed.items() if delta_id in dict(got)}:
+            indices = sorted(o.outputs[0].index for s, o in deltas if s == step)
+            assert indices == sorted({i for rid, i in changed[step] if rid == delta_id}), step
+        for _, o in deltas:
             for c in o.outputs:
                 assert c.token_ids, c  # a sample shows up only with new tokens
                 text[c.index] += c.text
@@ -180,8 +193,10 @@ def test_final_only_requests_return_one_output_when_they_finish(llm: LLM) -> Non
     )
     cums, ((_, only),) = [o for _, o in outs[rids[0]]], outs[rids[1]]
     assert len(cums) > 1 and only.finished
-    assert len(only.outputs) == 3
-    for got, want in zip(only.outputs, cums[-1].outputs, strict=True):
+    assert [c.index for c in only.outputs] == [0, 1, 2]
+    for got, want in zip(
+        only.outputs, sorted(last_per_sample(cums).values(), key=lambda c: c.index), strict=True
+    ):
         assert (got.index, got.text, got.token_ids) == (want.index, want.text, want.token_ids)
         assert_same_logprobs(got.logprobs, want.logprobs)
     assert_same_logprobs(only.prompt_logprobs, cums[-1].prompt_logprobs)
