@@ -1,5 +1,6 @@
 """roseinfer: a small, fast LLM inference engine."""
 
+from roseinfer.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from roseinfer.entrypoints.llm import LLM, InvalidRequestError
 from roseinfer.logprobs import Logprob
 from roseinfer.outputs import CompletionOutput, RequestOutput
@@ -13,5 +14,8 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "InvalidRequestError",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
 ]
 __version__ = "0.1.0"

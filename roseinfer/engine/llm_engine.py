@@ -74,7 +74,7 @@ class LLMEngine:
         params = replace(params)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
-        self._check_logprobs(params)
+        self.check_logprobs(params)
         self._check_logit_controls(params)
         max_seqs = self.config.scheduler.max_num_seqs
         if params.n > max_seqs:
@@ -126,7 +126,7 @@ class LLMEngine:
             )
         return ids, params
 
-    def _check_logprobs(self, params: SamplingParams) -> None:
+    def check_logprobs(self, params: SamplingParams) -> None:
         """As vLLM: at most `max_logprobs` a token, for the output's and the prompt's logprobs alike, -1 (the
         whole vocabulary) and a cap of -1 counting as the vocabulary's size. Never more than the vocabulary
         holds, whatever the cap."""

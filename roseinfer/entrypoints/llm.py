@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from roseinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from roseinfer.engine.llm_engine import LLMEngine, Prompt, default_device
+from roseinfer.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
 from roseinfer.models.loader import resolve_model_path
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams
@@ -142,6 +143,17 @@ def final_only(params: list) -> list:
     return out
 
 
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text, a dict, or token ids, not a batch of one-token prompts) as a batch of one."""
+    if isinstance(prompts, str | dict) or (
+        isinstance(prompts, list | tuple | np.ndarray)
+        and len(prompts) > 0
+        and isinstance(prompts[0], int | np.integer)
+    ):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]
+
+
 def _triton_available() -> bool:
     try:
         import roseinfer.attention.triton_backend  # noqa: F401
@@ -195,13 +207,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs come back in input order. Invalid prompts are reported together, after the valid ones
         have run, as an `InvalidRequestError` (a ValueError) carrying the valid outputs."""
-        if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list | tuple | np.ndarray)
-            and len(prompts) > 0
-            and isinstance(prompts[0], int | np.integer)
-        ):
-            prompts = [prompts]  # one prompt of token ids, not a batch of one-token prompts
-        prompts = list(prompts)
+        prompts = _as_batch(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = (
@@ -229,6 +235,14 @@ class LLM:
         if errors:
             raise InvalidRequestError(errors, results)
         return results  # type: ignore[return-value]
+
+    def beam_search(
+        self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams, use_tqdm: bool = False
+    ) -> list[BeamSearchOutput]:
+        """vLLM's offline beam search (`roseinfer.entrypoints.beam_search`): one `BeamSearchOutput` a prompt, in
+        input order, holding its best `params.beam_width` beams, best first. Prompts as `generate` takes them;
+        a bad one raises a ValueError naming it before anything runs."""
+        return run_beam_search(self, _as_batch(prompts), params, use_tqdm)
 
     def _run(self, index: dict[str, int], results: list[RequestOutput | None], use_tqdm: bool) -> None:
         """Steps the engine until it is idle; the output of request `rid` goes to `results[index[rid]]`."""
