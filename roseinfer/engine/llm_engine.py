@@ -313,10 +313,13 @@ class LLMEngine:
         outputs = []
         for key, (group, req) in ready.items():
             if key.__class__ is str:
-                if not group.finished or group.done:
-                    continue  # waits for a sibling, or already given by another of its samples
+                if not group.finished:
+                    group.held = True  # a streamed request's sample ended unseen: its next output brings it
+                    continue  # waits for a sibling
                 out: RequestOutput | None = group.output()
             else:
+                if group.held:
+                    outputs += group.held_outputs(req)
                 out = group.sample_output(req)
             if out is not None:
                 outputs.append(out)

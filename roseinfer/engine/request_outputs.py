@@ -130,6 +130,7 @@ class RequestGroup:
         self.delta = kind is RequestOutputKind.DELTA
         self.final_only = kind is RequestOutputKind.FINAL_ONLY  # `LLMEngine.step` skips it until it finishes
         self.num_open = req.params.n  # samples whose finished output has not gone out yet
+        self.held = False  # a streamed sample finished in a `step(final_only=True)`: see `held_outputs`
 
     def on_token(self, req: Request) -> None:
         if req.sample_index >= len(self.seqs):
@@ -150,6 +151,17 @@ class RequestGroup:
         """The finished request's one output (FINAL_ONLY): every sample, in index order."""
         self.num_open = 0
         return self._request_output([seq.output(self.delta) for seq in self.seqs], self._prompt_logprobs())
+
+    def held_outputs(self, req: Request) -> list[RequestOutput]:
+        """The ends of samples (other than `req`) that finished in a `step(final_only=True)`, which showed nothing
+        while the request ran: streamed with the request's next streamed output, so none is lost."""
+        self.held = False
+        held = [
+            seq.req
+            for seq in self.seqs
+            if seq.req is not req and seq.req.is_finished and not seq.returned_final
+        ]
+        return [out for r in held if (out := self.sample_output(r)) is not None]
 
     def sample_output(self, req: Request) -> RequestOutput | None:
         """A streamed output for the sample `req` that moved this step: that sample alone, everything so far or

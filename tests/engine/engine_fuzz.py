@@ -9,9 +9,10 @@ from __future__ import annotations
 import gc
 import random
 import weakref
+from collections import defaultdict
 from dataclasses import replace
 
-from roseinfer import LLM, SamplingParams
+from roseinfer import LLM, CompletionOutput, SamplingParams
 from roseinfer.request import Request
 
 
@@ -101,6 +102,8 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
     submitted: dict[str, tuple[list[int], SamplingParams]] = {}
     aborted: set[str] = set()
     finals: dict[str, object] = {}
+    # Each sample's last output: a streamed n > 1 request's outputs hold one sample each (as vLLM v1's).
+    last: dict[str, dict[int, CompletionOutput]] = defaultdict(dict)
     refs: list[weakref.ref] = []
     n_rejected = 0
     for i in range(steps):
@@ -152,6 +155,7 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
             eng.abort_request(rid)
         if eng.has_unfinished_requests():
             for out in eng.step(final_only=rng.random() < 0.5):
+                last[out.request_id].update((c.index, c) for c in out.outputs)
                 if out.finished:
                     assert out.request_id not in finals, f"{out.request_id} finished twice"
                     finals[out.request_id] = out
@@ -161,6 +165,7 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
         if not eng.has_unfinished_requests():
             break
         for out in eng.step(final_only=True):
+            last[out.request_id].update((c.index, c) for c in out.outputs)
             assert out.request_id not in finals
             finals[out.request_id] = out
         check_step(llm)
@@ -175,19 +180,17 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
     assert core.kv.tables.rows_in_use == 0
     for rid, (prompt, params) in submitted.items():
         if rid in aborted:
-            assert rid not in finals or all(
-                c.token_ids == ref(prompt, params)[: len(c.token_ids)] for c in finals[rid].outputs
-            )
+            assert all(c.token_ids == ref(prompt, params)[: len(c.token_ids)] for c in last[rid].values())
             continue
         out = finals[rid]
         want = ref(prompt, params)
-        assert len(out.outputs) == params.n
-        for c in out.outputs:
+        assert sorted(last[rid]) == list(range(params.n))
+        for c in last[rid].values():
             assert c.token_ids == want, (rid, prompt, params, kw, pins)
         if not caching:
             assert out.num_cached_tokens == 0
         assert out.num_cached_tokens < len(prompt)
-    del finals
+    del finals, last
     gc.collect()
     alive = [r() for r in refs if r() is not None]
     assert not alive, f"{len(alive)} finished requests still referenced: {alive[:3]}"

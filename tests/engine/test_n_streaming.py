@@ -191,3 +191,34 @@ def test_final_only_builds_one_output_with_every_sample(llm: LLM, monkeypatch: p
     got = llm.generate([PROMPT, [3, 4]], replace(params, output_kind=CUMULATIVE), use_tqdm=False)
     assert len(got) == 2 and all([c.index for c in o.outputs] == [0, 1, 2] for o in got)
     assert [c.token_ids for c in got[0].outputs] == [c.token_ids for c in only.outputs]  # same seeds
+
+
+@pytest.mark.parametrize("first_final_only", [True, False])
+def test_streamed_n_3_request_under_final_only_steps_now_and_then(llm: LLM, first_final_only: bool) -> None:
+    """`step(final_only=True)` holds back a streamed request's outputs: a sample that finished in such a step
+    shows its end with the request's next streamed output, the output that ends the last sample says finished
+    (all samples, if a final_only step ends it), no sample ends twice or never, and the request leaves the engine
+    (the invariants fixture checks that an idle engine keeps no group)."""
+    params, want = staggered_params(llm, CUMULATIVE)
+    engine = llm.engine
+    rid = engine.add_request(PROMPT, params)
+    outs: list[RequestOutput] = []
+    final_only = first_final_only
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step(final_only=final_only) if o.request_id == rid]
+        final_only = not final_only
+    assert rid not in engine.groups
+    assert outs and [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    # Ended in a final_only step, the request's last output holds every sample, as a FINAL_ONLY one; before it
+    # each output holds one sample, and no sample ends twice.
+    streamed = outs[:-1] if len(outs[-1].outputs) > 1 else outs
+    assert all(len(o.outputs) == 1 for o in streamed)
+    assert [c.index for c in outs[-1].outputs] in ([0, 1, 2], [outs[-1].outputs[0].index])
+    ends = [o.outputs[0].index for o in streamed if o.outputs[0].finish_reason is not None]
+    if len(outs[-1].outputs) == 1:
+        assert sorted(ends) == [0, 1, 2]
+    else:
+        assert len(ends) == len(set(ends))
+    for o in outs:
+        for c in o.outputs:
+            assert c.token_ids == want[c.index][: len(c.token_ids)]
