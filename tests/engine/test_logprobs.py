@@ -341,7 +341,7 @@ def test_streamed_logprobs_extend_with_the_tokens(model_with_tokenizer, async_sc
     engine = llm.engine
     rid = engine.add_request("Hello world", params)
     seen: dict[int, list] = {}
-    last = None
+    last: dict[int, CompletionOutput] = {}  # each sample's last output (a streamed output holds one sample)
     while engine.has_unfinished_requests():
         for out in engine.step():
             assert out.request_id == rid
@@ -353,10 +353,11 @@ def test_streamed_logprobs_extend_with_the_tokens(model_with_tokenizer, async_sc
                     c.cumulative_logprob, sum(e[t].logprob for e, t in zip(c.logprobs, c.token_ids))
                 )
                 seen[c.index] = list(c.logprobs)
-            last = out
+                last[c.index] = c
     whole = llm.generate("Hello world", params, use_tqdm=False)[0]  # its prompt now a prefix-cache hit
-    assert [c.token_ids for c in last.outputs] == [c.token_ids for c in whole.outputs]
-    for streamed, done in zip(last.outputs, whole.outputs):
+    streamed_last = [last[i] for i in sorted(last)]
+    assert [c.token_ids for c in streamed_last] == [c.token_ids for c in whole.outputs]
+    for streamed, done in zip(streamed_last, whole.outputs):
         assert_close(streamed.logprobs, done.logprobs)
     prompt = llm.tokenizer.encode("Hello world")
     check_outputs(llm, [prompt], [whole], 3)
