@@ -1,0 +1,109 @@
+"""Mutation audit (runner/model_runner.py): the KV pool a CPU engine sizes, which path each step takes and how it
+is booked, the decode graphs' reach to max_model_len, and in-graph sampling after a hot batch; outputs compared
+with an engine without graphs (the eager torch path)."""
+
+from __future__ import annotations
+
+from roseinfer import LLM, SamplingParams
+from tests.engine.cpu_graph_replay import cpu_decode_graphs, cpu_mixed_graphs
+
+PROMPTS = [[11 + i for i in range(n)] for n in (1, 3, 5, 9, 17)]
+
+
+def make(llama_dir: str, graphs: bool = False, async_scheduling: bool = False, **kw) -> LLM:
+    kw.setdefault("cpu_kv_tokens", 2048)
+    llm = LLM(llama_dir, device="cpu", dtype="float32", block_size=4, async_scheduling=async_scheduling, **kw)
+    if graphs:
+        runner = llm.engine.core.runner
+        runner.graphs, _ = cpu_decode_graphs(runner, 8)
+        runner.mixed_graphs, _ = cpu_mixed_graphs(runner, 16)
+    return llm
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def token_ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_the_cpu_pool_holds_whole_blocks_within_cpu_kv_tokens(llama_dir):
+    assert make(llama_dir, cpu_kv_tokens=30).engine.core.kv.num_blocks == 7  # 30 tokens: 7 blocks of 4
+    assert make(llama_dir, cpu_kv_tokens=3).engine.core.kv.num_blocks == 1  # never none
+
+
+def test_every_step_is_booked_on_the_path_it_took(llama_dir):
+    """Each launch counts once, on its path: eager without graphs; with graphs, steps with prefill work in the
+    mixed-step graphs (the budget keeps them within 16 tokens) and the rest in the decode graphs."""
+    eager = make(llama_dir, max_num_batched_tokens=16)
+    want = token_ids(eager.generate(PROMPTS, greedy(6), use_tqdm=False))
+    runner = eager.engine.core.runner
+    assert runner.step_paths["eager"] == runner.num_launches > 0
+    assert runner.step_paths["decode_graph"] == runner.step_paths["mixed_graph"] == 0
+    llm = make(llama_dir, graphs=True, max_num_batched_tokens=16)
+    assert token_ids(llm.generate(PROMPTS, greedy(6), use_tqdm=False)) == want
+    runner = llm.engine.core.runner
+    paths = runner.step_paths
+    assert paths["eager"] == 0 and paths["mixed_graph"] > 0 and paths["decode_graph"] > 0
+    assert paths["eager"] + paths["mixed_graph"] + paths["decode_graph"] == runner.num_launches
+
+
+def test_decode_graphs_reach_max_model_len(llama_dir):
+    """max_model_len 30 is 7.5 blocks of 4: a sequence decoding its last tokens holds 8 blocks, which the decode
+    graphs' block tables must hold too."""
+    prompt = [[11 + i for i in range(26)]]
+    want = token_ids(make(llama_dir, max_model_len=30).generate(prompt, greedy(4), use_tqdm=False))
+    llm = make(llama_dir, graphs=True, max_model_len=30)
+    assert token_ids(llm.generate(prompt, greedy(4), use_tqdm=False)) == want
+    paths = llm.engine.core.runner.step_paths
+    assert paths["decode_graph"] == 3  # every step after the prompt's
+
+
+def test_greedy_rows_after_a_hot_batch_draw_the_argmax_in_the_graph(llama_dir):
+    """The decode graph samples greedily once a batch of hot rows has been through it: no temperature of an
+    earlier replay may stay in the graph's buffer."""
+    want = token_ids(make(llama_dir).generate(PROMPTS, greedy(8), use_tqdm=False))
+    llm = make(llama_dir, graphs=True)
+    hot = SamplingParams(temperature=50.0, max_tokens=8, ignore_eos=True)
+    llm.generate(PROMPTS, hot, use_tqdm=False)
+    assert token_ids(llm.generate(PROMPTS, greedy(8), use_tqdm=False)) == want
+
+
+def prompt_logprobs(outs) -> list:
+    return [
+        [None if e is None else {t: round(lp.logprob, 4) for t, lp in e.items()} for e in o.prompt_logprobs]
+        for o in outs
+    ]
+
+
+def test_a_one_token_prompt_chunk_with_prompt_logprobs_runs_eager(llama_dir):
+    """A 9-token prompt under a budget of 8 ends in a 1-token chunk: a step a decode graph could hold, but the
+    prompt logprobs need its hidden state, which only the eager forward keeps."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    prompt = [[20 + i for i in range(9)]]
+    want = make(llama_dir, max_num_batched_tokens=8).generate(prompt, params, use_tqdm=False)
+    llm = make(llama_dir, graphs=True, max_num_batched_tokens=8)
+    got = llm.generate(prompt, params, use_tqdm=False)
+    assert prompt_logprobs(got) == prompt_logprobs(want) and len(got[0].prompt_logprobs) == 9
+    assert token_ids(got) == token_ids(want)
+
+
+def test_the_worst_case_step_stays_within_max_model_len(llama_dir):
+    """Start-up sizing's prefill is the token budget, but never longer than a sequence may be."""
+    llm = make(llama_dir, max_model_len=16, max_num_batched_tokens=64, max_num_seqs=4)
+    tokens = llm.engine.core.runner.run_worst_case_step()
+    assert tokens.shape == (4,)
+
+
+def test_penalties_in_graph_steps_match_eager(llama_dir):
+    """Rows with penalties in a decode-graph step are drawn outside the graph from its logits, penalised as in
+    an eager step."""
+    params = SamplingParams(
+        temperature=0.0, max_tokens=10, ignore_eos=True, frequency_penalty=1.5, repetition_penalty=1.3
+    )
+    want = token_ids(make(llama_dir).generate(PROMPTS, params, use_tqdm=False))
+    llm = make(llama_dir, graphs=True)
+    assert token_ids(llm.generate(PROMPTS, params, use_tqdm=False)) == want
+    assert llm.engine.core.runner.step_paths["decode_graph"] > 0
+    assert want != token_ids(make(llama_dir).generate(PROMPTS, greedy(10), use_tqdm=False))  # they bite
