@@ -119,19 +119,21 @@ def run(g: MixedGraphs, s: HostStep, prev: torch.Tensor | None = None) -> torch.
 
 def test_a_replay_feeds_the_step_and_pads_the_rest():
     g, forward = graphs()
-    run(g, step([1, 1, 1, 13]))  # 16 tokens, three decodes: fills every row of the 16-token graph
+    for _ in range(2):  # 16 tokens, three decodes, in both host buffers the graphs alternate
+        run(g, step([1, 1, 1, 13]))
     s = step([1, 5])
-    hidden = run(g, s)
-    fed = forward.calls[-1]
-    assert fed["ids"][:6].tolist() == [10 + r for r in range(6)]
-    assert fed["slots"].tolist() == [100 + r for r in range(6)] + [-1] * 10  # padding writes no KV
-    assert fed["query_start_loc"].tolist() == [0, 1, 6, 6, 6]  # padding sequences: no new tokens
-    assert fed["decode_seq_lens"].tolist() == [4, 0, 0, 0]  # the one leading decode, 3 earlier tokens + 1
-    plan = g.plan(s)
-    assert plan is not None
-    n = plan.tiles.shape[1]
-    assert (fed["tiles"][:, :n] == plan.tiles).all()
-    assert hidden[:, 0].tolist() == [10, 15]  # each sequence's last token
+    for _ in range(2):
+        hidden = run(g, s)
+        fed = forward.calls[-1]
+        assert fed["ids"][:6].tolist() == [10 + r for r in range(6)]
+        assert fed["slots"].tolist() == [100 + r for r in range(6)] + [-1] * 10  # padding writes no KV
+        assert fed["query_start_loc"].tolist() == [0, 1, 6, 6, 6]  # padding sequences: no new tokens
+        assert fed["decode_seq_lens"].tolist() == [4, 0, 0, 0]  # the one leading decode, 3 earlier tokens + 1
+        plan = g.plan(s)
+        assert plan is not None
+        n = plan.tiles.shape[1]
+        assert (fed["tiles"][:, :n] == plan.tiles).all()
+        assert hidden[:, 0].tolist() == [10, 15]  # each sequence's last token
 
 
 def test_sampled_rows_are_gathered_in_their_order():
