@@ -239,10 +239,12 @@ def test_each_of_n_samples_has_its_own_logprobs(llama_dir, sampling, async_sched
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_min_tokens_mask_is_not_in_the_logprobs(llama_dir, async_scheduling):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_min_tokens_mask_is_not_in_the_logprobs(llama_dir, async_scheduling, graphs):
     """vLLM's raw logprobs are taken before min_tokens masks the stop ids: while a request may not stop, its
-    favourite stop token is still the most likely at rank 1, and the tokens it draws instead rank lower."""
-    llm = make(llama_dir, async_scheduling, graphs=True)
+    favourite stop token is still the most likely at rank 1, and the tokens it draws instead rank lower. Eager
+    steps mask the logits in place as they sample; graph replays draw inside the graph."""
+    llm = make(llama_dir, async_scheduling, graphs=graphs)
     favourite, k = 77, 4
     prefer(llm, favourite)
     params = SamplingParams(
