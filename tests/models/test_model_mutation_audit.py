@@ -1,0 +1,105 @@
+"""Mutation audit (models/llama.py, gpt2.py, layers.py, registry.py): config fields whose tiny-config value
+hid a mistake (norm epsilons at their defaults, GELU flavours), and checkpoint tensors that real exporters
+write beside the weights (rotary inv_freq, GPT-2's attention-mask buffers, an lm_head saved although tied).
+Each test compares with HF transformers running the same random weights in float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from roseinfer.config import ModelConfig
+from roseinfer.models.registry import model_class
+from tests.models.test_config_fields import PROMPT, load, relative_error, saved
+
+
+@pytest.mark.parametrize(
+    "arch, overrides",
+    [
+        # Hidden rows have a mean square near 0.04: an epsilon of 0.5 dominates every norm, so an epsilon
+        # left at a default (or dropped) moves the logits far past the tolerance.
+        ("llama", {"rms_norm_eps": 0.5}),
+        ("qwen3", {"rms_norm_eps": 0.5}),  # the q/k norms take it too
+        ("gpt2", {"layer_norm_epsilon": 0.5}),
+    ],
+)
+def test_norm_epsilons_come_from_the_config(tmp_path, arch, overrides):
+    model = saved(arch, tmp_path, **overrides)
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new", "gelu_pytorch_tanh"])
+def test_gpt2_activation_flavours_match_hf(tmp_path, activation):
+    """HF's "gelu" is the exact (erf) GELU, "gelu_new" and "gelu_pytorch_tanh" the tanh approximation."""
+    model = saved("gpt2", tmp_path, activation_function=activation)
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-5
+
+
+def _add_tensors(directory: Path, extra: dict[str, torch.Tensor]) -> None:
+    file = directory / "model.safetensors"
+    tensors = load_file(file)
+    assert not set(extra) & set(tensors), "the checkpoint already holds these: the test would test nothing"
+    tensors.update(extra)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_llama_checkpoint_with_rotary_inv_freq_buffers_loads(tmp_path):
+    """Older Llama exports save each layer's `rotary_emb.inv_freq`; the model computes its own and skips them
+    (garbage values here show they are not read)."""
+    model = saved("llama", tmp_path)
+    layers = model.config.num_hidden_layers
+    _add_tensors(
+        tmp_path,
+        {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.full((8,), 123.0) for i in range(layers)},
+    )
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "arch, embed", [("qwen2", "model.embed_tokens.weight"), ("gpt2", "transformer.wte.weight")]
+)
+def test_tied_checkpoint_that_also_saves_lm_head_loads(tmp_path, arch, embed):
+    """Some exporters write `lm_head.weight` although the config ties it to the embedding: HF ties it (the
+    embedding wins), and so must we."""
+    model = saved(arch, tmp_path)
+    assert model.config.tie_word_embeddings
+    _add_tensors(tmp_path, {"lm_head.weight": load_file(tmp_path / "model.safetensors")[embed].clone()})
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+def test_gpt2_checkpoint_with_attention_mask_buffers_loads(tmp_path):
+    """The original GPT-2 checkpoints carry `attn.bias` (the causal mask) and `attn.masked_bias` per layer."""
+    model = saved("gpt2", tmp_path)
+    n, layers = model.config.n_positions, model.config.n_layer
+    extra: dict[str, torch.Tensor] = {}
+    for i in range(layers):
+        extra[f"transformer.h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+        extra[f"transformer.h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    _add_tensors(tmp_path, extra)
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "arch, overrides, field",
+    [
+        ("gpt2", {"activation_function": "relu"}, "activation"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_an_activation_we_do_not_implement_is_refused_by_name(tmp_path, arch, overrides, field):
+    saved(arch, tmp_path, **overrides)
+    with pytest.raises(ValueError, match=field):
+        load(tmp_path)
+
+
+def test_model_class_refuses_an_unknown_architecture_by_name():
+    from tests.models.tiny_models import TINY_CONFIGS
+
+    cfg = ModelConfig.from_dict(TINY_CONFIGS["llama"])
+    assert model_class(cfg).__name__ == "LlamaForCausalLM"
+    unknown = ModelConfig(**{**cfg.__dict__, "architecture": "FalconForCausalLM"})
+    with pytest.raises(ValueError, match="FalconForCausalLM"):
+        model_class(unknown)
