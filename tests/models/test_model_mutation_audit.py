@@ -103,3 +103,46 @@ def test_model_class_refuses_an_unknown_architecture_by_name():
     unknown = ModelConfig(**{**cfg.__dict__, "architecture": "FalconForCausalLM"})
     with pytest.raises(ValueError, match="FalconForCausalLM"):
         model_class(unknown)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rmsnorm_rounds_where_hf_rounds(dtype):
+    """In half precision the norm is computed in float32, rounded to the input dtype, then scaled by the
+    weight, as HF's LlamaRMSNorm does; the residual add happens in the input dtype first. Bit for bit."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from roseinfer.models.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn((7, 64), generator=g).to(dtype)
+    residual = torch.randn((7, 64), generator=g).to(dtype)
+    hf = LlamaRMSNorm(64, eps=1e-6).to(dtype)
+    ours = RMSNorm(64, 1e-6).to(dtype)
+    with torch.no_grad():
+        hf.weight.copy_(1 + 0.5 * torch.randn(64, generator=g))
+        ours.weight.copy_(hf.weight)
+        assert torch.equal(ours(x), hf(x))
+        normed, summed = ours(x, residual)
+        assert torch.equal(summed, x + residual)
+        assert torch.equal(normed, hf(x + residual))
+
+
+def test_llama3_rope_at_the_edge_of_the_low_frequency_band_matches_hf(tmp_path):
+    """A wavelength exactly at `original_max_position_embeddings / low_freq_factor` is not yet low-frequency:
+    HF smooths it (with a smooth factor of 0, so it is divided by `factor` once, not twice)."""
+    import math
+
+    head_dim, theta, old_len = 16, 500000.0, 64
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    low = old_len / float(wavelen[1])  # the second frequency sits exactly on the edge
+    assert float(torch.tensor(old_len / low)) == float(wavelen[1])
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": low,
+        "high_freq_factor": 3.0,
+        "original_max_position_embeddings": old_len,
+    }
+    model = saved("llama", tmp_path, rope_theta=theta, rope_scaling=scaling)
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
