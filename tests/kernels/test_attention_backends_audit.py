@@ -125,3 +125,20 @@ def test_an_unknown_backend_name_is_refused_by_name():
     with pytest.raises(ValueError, match="'flash'.*known"):
         get_backend("flash")
     assert get_backend("torch").name == "torch"
+
+
+@pytest.mark.parametrize("name", ["torch", "triton"])
+def test_a_fresh_interpreter_finds_each_backend_by_name(name):
+    """Nothing else imports the backend modules (CPU installs need not import Triton): get_backend must."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from roseinfer.attention.backend import get_backend; "
+        f"assert 'roseinfer.attention.{name}_backend' not in sys.modules; print(get_backend({name!r}).name)"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == name
