@@ -146,3 +146,17 @@ def test_llama3_rope_at_the_edge_of_the_low_frequency_band_matches_hf(tmp_path):
     }
     model = saved("llama", tmp_path, rope_theta=theta, rope_scaling=scaling)
     assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
+
+
+def test_a_transposed_checkpoint_tensor_is_refused_by_name(tmp_path):
+    """Same number of elements, other shape ([in, out] saved for [out, in]): refused naming the tensor, not
+    copied through or failed inside torch's copy."""
+    saved("llama", tmp_path)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(file)
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert tensors[name].shape[0] != tensors[name].shape[1]
+    tensors[name] = tensors[name].t().contiguous()
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        load(tmp_path)
