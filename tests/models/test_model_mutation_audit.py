@@ -160,3 +160,16 @@ def test_a_transposed_checkpoint_tensor_is_refused_by_name(tmp_path):
     save_file(tensors, file, metadata={"format": "pt"})
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
         load(tmp_path)
+
+
+def test_gpt2_config_without_the_attention_scale_keys_takes_hf_defaults(tmp_path):
+    """The original GPT-2 config.json predates `scale_attn_weights` and `scale_attn_by_inverse_layer_idx`:
+    HF then scales by 1 / sqrt(head_dim) and not by layer."""
+    import json
+
+    model = saved("gpt2", tmp_path)
+    config_file = tmp_path / "config.json"
+    cfg = json.loads(config_file.read_text())
+    assert cfg.pop("scale_attn_weights") is True and cfg.pop("scale_attn_by_inverse_layer_idx") is False
+    config_file.write_text(json.dumps(cfg))
+    assert relative_error(load(tmp_path), model, PROMPT) < 1e-4
