@@ -40,7 +40,7 @@ def test_triton_graph_engine_beam_search_matches_the_torch_backend(
     model_dir, params: BeamSearchParams
 ) -> None:
     model, directory = model_dir
-    fast = fp32_triton_engine(directory, eager=False, max_num_seqs=32)
+    fast = fp32_triton_engine(directory, eager=False, max_num_seqs=32, num_kv_blocks=256)
     got = beams(fast, params)
     del fast
     free_gpu()
@@ -51,6 +51,7 @@ def test_triton_graph_engine_beam_search_matches_the_torch_backend(
         block_size=16,
         attention_backend="torch",
         enforce_eager=True,
+        num_kv_blocks=256,  # a fixed pool: the GPU's other test processes need theirs
     )
     want = beams(ref, params)
     for g, w in zip(got, want, strict=True):
