@@ -99,6 +99,7 @@ class ModelConfig:
                 raise ValueError(f"{flag}=true is not supported (roseinfer has no bias on {where})")
         hidden = cfg["hidden_size"]
         heads = cfg["num_attention_heads"]
+        defaults = _HF_DEFAULTS.get(arch, {})
         rope_scaling = cfg.get("rope_scaling")
         rope_theta = cfg.get("rope_theta")
         rope_params = cfg.get("rope_parameters")  # transformers >= 5 folds theta/scaling in here
@@ -128,10 +129,12 @@ class ModelConfig:
             hidden_size=hidden,
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
+            num_kv_heads=cfg.get("num_key_value_heads", defaults.get("num_key_value_heads")) or heads,
+            head_dim=cfg.get("head_dim", defaults.get("head_dim")) or hidden // heads,
             intermediate_size=cfg["intermediate_size"],
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=cfg.get(
+                "max_position_embeddings", defaults.get("max_position_embeddings", 2048)
+            ),
             norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta or 10000.0),
             rope_scaling=rope_scaling,
@@ -173,6 +176,14 @@ class ModelConfig:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
+
+# What HF's config classes (MistralConfig, Qwen2Config, Qwen3Config) take for keys a config.json leaves out; a key
+# set to null falls back to the heads (kv heads) or hidden_size / heads (head_dim), llama's defaults for both.
+_HF_DEFAULTS: dict[str, dict[str, int]] = {
+    "MistralForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 131072},
+    "Qwen2ForCausalLM": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+}
 
 _ARCH_BY_TYPE = {
     "llama": "LlamaForCausalLM",

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+import transformers
 
 from roseinfer import LLM
 from roseinfer.config import ModelConfig, parse_dtype
@@ -18,21 +19,35 @@ from tests.models.tiny_models import TINY_CONFIGS, make_hf_model
 
 def hf_reference(arch: str, implicit: bool):
     """The HF model, and its config as a dict; with `implicit`, the fields older configs leave out dropped
-    where the HF model takes their default (kv heads = heads, head_dim = hidden / heads, 4 x hidden MLP,
-    GPT-2's embeddings tied)."""
+    where HF's config class, reading the dict without them, takes the model's value anyway (llama's kv heads =
+    heads; head_dim = hidden / heads except Qwen3's 128; 4 x hidden MLP and GPT-2's embeddings tied). Mistral's
+    and Qwen's kv-head defaults (8, 32) exceed the tiny models' heads: those keys stay."""
     overrides = {}
-    if implicit and arch != "gpt2":  # HF's default where the field is absent: as many kv heads as heads
+    if implicit and arch == "llama":
         overrides["num_key_value_heads"] = TINY_CONFIGS[arch]["num_attention_heads"]
     model = make_hf_model(arch, **overrides)
     cfg = model.config.to_dict()
     if implicit:
-        cfg.pop("num_key_value_heads", None)
-        if cfg.get("head_dim") == cfg.get("hidden_size", 0) // cfg.get("num_attention_heads", 1):
-            cfg.pop("head_dim")
+        for key in ("num_key_value_heads", "head_dim"):
+            if key in cfg and _hf_default_matches(cfg, key):
+                cfg.pop(key)
         if arch == "gpt2":
             cfg.pop("n_inner", None)
             cfg.pop("tie_word_embeddings", None)
     return model, cfg
+
+
+def _hf_default_matches(cfg: dict, key: str) -> bool:
+    """Whether HF's config class for `cfg` gives `key` the same value with the key left out."""
+    rest = {
+        k: v for k, v in cfg.items() if k not in (key, "model_type", "architectures", "transformers_version")
+    }
+    default = getattr(transformers.AutoConfig.for_model(cfg["model_type"], **rest), key, None)
+    return default == cfg[key] or (key == "head_dim" and default is None and cfg[key] == _split(cfg))
+
+
+def _split(cfg: dict) -> int:
+    return cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 @pytest.mark.parametrize("implicit", [False, True], ids=["explicit", "implicit"])
