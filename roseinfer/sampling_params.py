@@ -22,7 +22,7 @@ def _plain_int(value: object) -> object:
     return int(value) if isinstance(value, Integral) and not isinstance(value, bool) else value
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     """An int that is not a bool (bool is an int subclass: True must not pass for a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -129,23 +129,23 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.repetition_penalty <= 0.0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < -1):
+            if value is not None and (not is_int(value) or value < -1):
                 raise ValueError(
                     f"{name} must be None, an int >= 0, or -1 (the whole vocabulary), got {value!r}"
                 )
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ValueError(f"seed must be in [-2**63, 2**64) (a torch generator seed), got {self.seed}")
@@ -179,7 +179,7 @@ class SamplingParams:
             ids = [_plain_int(t) for t in self.allowed_token_ids]
             if not ids:
                 raise ValueError("allowed_token_ids must not be empty (None: every token allowed)")
-            if any(not _is_int(t) or t < 0 for t in ids):
+            if any(not is_int(t) or t < 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be non-negative ints, got {self.allowed_token_ids}")
             self.allowed_token_ids = ids
         if self.logit_bias is not None:
@@ -189,7 +189,7 @@ class SamplingParams:
             for key, value in self.logit_bias.items():
                 tid = _token_id_key(key)
                 value = _plain_float(value)
-                if not _is_int(tid) or tid < 0:
+                if not is_int(tid) or tid < 0:
                     raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
                 if not isinstance(value, float | int) or isinstance(value, bool) or not math.isfinite(value):
                     raise ValueError(f"logit_bias values must be finite numbers, got {value!r} for {key!r}")
@@ -201,7 +201,7 @@ class SamplingParams:
                 raise ValueError(f"bad_words must hold non-blank strings, got {self.bad_words!r}")
             self.bad_words = words or None
         k = _plain_int(self.truncate_prompt_tokens)
-        if k is not None and (not _is_int(k) or not (k >= 1 or k == -1)):
+        if k is not None and (not is_int(k) or not (k >= 1 or k == -1)):
             raise ValueError(
                 f"truncate_prompt_tokens must be an int >= 1 or -1, got {self.truncate_prompt_tokens!r}"
             )

@@ -18,14 +18,10 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from roseinfer.logprobs import Logprob
-from roseinfer.sampling_params import RequestOutputKind, SamplingParams
+from roseinfer.sampling_params import RequestOutputKind, SamplingParams, is_int
 
 if TYPE_CHECKING:
     from roseinfer.entrypoints.llm import LLM
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -45,7 +41,7 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
