@@ -6,7 +6,6 @@ import argparse
 import gzip
 import json
 import sqlite3
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from roseinfer.trace_sql import (
     run_trace_sql,
     split_statements,
 )
+from tests.fake_perfetto import install_fake_perfetto
 
 NUM_STEPS = 2
 MM_PER_FORWARD = 3
@@ -443,13 +443,7 @@ class _Result(list):  # type: ignore[type-arg]
 
 @pytest.fixture
 def fake_perfetto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    tp = types.ModuleType("perfetto.trace_processor")
-    tp.TraceProcessor = _FakeTraceProcessor  # type: ignore[attr-defined]
-    tp.TraceProcessorConfig = lambda bin_path=None: types.SimpleNamespace(bin_path=bin_path)  # type: ignore[attr-defined]
-    pkg = types.ModuleType("perfetto")
-    pkg.trace_processor = tp  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perfetto", pkg)
-    monkeypatch.setitem(sys.modules, "perfetto.trace_processor", tp)
+    install_fake_perfetto(monkeypatch, _FakeTraceProcessor)
     binary = tmp_path / "trace_processor_shell"
     binary.write_text("")
     _FakeTraceProcessor.started = []

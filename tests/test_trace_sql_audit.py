@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from roseinfer.trace_sql import TraceQueryError, find_trace_processor, load_trace_sqlite, query_trace
 from roseinfer.trace_sql.engines import TP_BIN_ENV, choose_engine
+from tests.fake_perfetto import install_fake_perfetto
 
 
 def write_trace(path: Path, events: list[Any], wrap: bool = True) -> Path:
@@ -143,13 +143,7 @@ class FakeResult(list):  # type: ignore[type-arg]
 
 @pytest.fixture
 def fake_perfetto(monkeypatch: pytest.MonkeyPatch, no_binaries: Path) -> type[FakeTraceProcessor]:
-    tp = types.ModuleType("perfetto.trace_processor")
-    tp.TraceProcessor = FakeTraceProcessor  # type: ignore[attr-defined]
-    tp.TraceProcessorConfig = lambda bin_path=None: types.SimpleNamespace(bin_path=bin_path)  # type: ignore[attr-defined]
-    pkg = types.ModuleType("perfetto")
-    pkg.trace_processor = tp  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "perfetto", pkg)
-    monkeypatch.setitem(sys.modules, "perfetto.trace_processor", tp)
+    install_fake_perfetto(monkeypatch, FakeTraceProcessor)
     monkeypatch.setattr(FakeTraceProcessor, "started", [])
     monkeypatch.setattr(FakeTraceProcessor, "perfetto_ddl", False)
     return FakeTraceProcessor
