@@ -45,27 +45,30 @@ def run_offline_timed(engine: LLMEngine, workload: Workload, probe: Probe) -> St
     t0 = time.perf_counter()
     for i, (prompt, params) in enumerate(zip(workload.prompts, workload.params)):
         engine.add_request(prompt, params, request_id=f"w5-{i}")
-    seen: dict[str, int] = {}
-    last: dict[str, float] = {}
+    # Keyed by (request, sample): with n > 1 each streamed output holds the one sample that moved.
+    seen: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], float] = {}
+    started: set[str] = set()
     ttft: list[float] = []
     itl: list[float] = []
-    completion = 0
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.monotonic()
         for out in outs:
-            count = len(out.outputs[0].token_ids)
-            prev = seen.get(out.request_id, 0)
-            if count > prev:
-                if prev == 0:
+            for sample in out.outputs:
+                key = (out.request_id, sample.index)
+                count, prev = len(sample.token_ids), seen.get(key, 0)
+                if count <= prev:
+                    continue
+                if prev:
+                    itl.append((now - last[key]) / (count - prev))
+                elif out.request_id not in started:  # a request's first token, whichever sample has it
+                    started.add(out.request_id)
                     m = out.metrics
                     assert m is not None and m.first_token_time is not None
                     ttft.append(m.first_token_time - m.arrival_time)
-                else:
-                    itl.append((now - last[out.request_id]) / (count - prev))
-                seen[out.request_id], last[out.request_id] = count, now
-            if out.finished:
-                completion += sum(len(c.token_ids) for c in out.outputs)
+                seen[key], last[key] = count, now
+    completion = sum(seen.values())
     sync(device)
     total = time.perf_counter() - t0
     return StreamResult(
