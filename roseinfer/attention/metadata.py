@@ -51,10 +51,6 @@ class AttentionMetadata:
     decode_order: torch.Tensor | None = None
 
     @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens_cpu)
-
-    @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
 
