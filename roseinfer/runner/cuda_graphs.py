@@ -50,7 +50,8 @@ ForwardSample = Callable[
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 1025, 32))
+    """Padded batch sizes to capture: every batch of 1..max_num_seqs rows pads by less than itself and 32 rows."""
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, max_num_seqs, 32))
     return [s for s in sizes if s < max_num_seqs] + [max_num_seqs]
 
 

@@ -85,7 +85,7 @@ def decode_step(
     )
 
 
-@pytest.mark.parametrize("max_batch", [1, 3, 8, 20, 33, 256, 300, 512, 1000, 1024])
+@pytest.mark.parametrize("max_batch", [1, 3, 8, 20, 33, 256, 300, 512, 1000, 1024, 1025, 1500, 2048])
 def test_each_batch_replays_a_graph_only_a_little_larger(max_batch):
     """Sizes rise strictly to `max_batch` itself, and every batch of 1..max_batch rows finds a size that pads it
     by less than itself and less than 32 rows (the padding is wasted work on every layer)."""
