@@ -92,6 +92,46 @@ def prefill_flops(cfg: ModelConfig, n: int) -> float:
     return 2.0 * linear * n + attention + 2.0 * cfg.vocab_size * h  # logits of the last token only
 
 
+def decode_floor_bytes(cfg: ModelConfig, elem: int, kv_dtype: torch.dtype, batch: int, context: int) -> int:
+    """Bytes a decode step of `batch` sequences, each attending over `context` tokens, must read: the weights
+    once and every sequence's KV."""
+    return weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(kv_dtype)
+
+
+def decode_row(
+    batch: int, context: int, graph: bool, seconds: float, steady: float, floor_bytes: int, bandwidth: float
+) -> dict[str, Any]:
+    """A decode step's report row: its times against the byte floor at `bandwidth` (bytes/s)."""
+    floor = floor_bytes / bandwidth
+    return {
+        "kind": "decode",
+        "batch": batch,
+        "context": context,
+        "graph": graph,
+        "ms": seconds * 1e3,
+        "floor_ms": floor * 1e3,
+        "x_floor": seconds / floor,
+        "achieved_TBps": floor_bytes / seconds / 1e12,
+        "steady_ms": steady * 1e3,
+        "steady_x_floor": steady / floor,
+    }
+
+
+def prefill_row(n: int, graph: bool, seconds: float, flops: float, tflops: float) -> dict[str, Any]:
+    """A prefill's report row: its time against the FLOP floor at `tflops` (TFLOP/s)."""
+    floor = flops / (tflops * 1e12)
+    return {
+        "kind": "prefill",
+        "tokens": n,
+        "graph": graph,
+        "ms": seconds * 1e3,
+        "floor_ms": floor * 1e3,
+        "x_floor": seconds / floor,
+        "achieved_TFLOPs": flops / seconds / 1e12,
+        "pct_matmul_rate": 100 * flops / seconds / 1e12 / tflops,
+    }
+
+
 def _time(fn, iters: int) -> float:
     """Median seconds of `fn` over `iters` CUDA-event-timed runs after 3 warm-ups."""
     return median_time(fn, torch.device("cuda", torch.cuda.current_device()), warmup=3, repeats=iters)
@@ -198,24 +238,8 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
                 run_step = partial(eager_logits, step)
             seconds = _time(run_step, args.iters)
             steady = _time_steady(run_step, args.iters)
-            floor_bytes = weight_bytes_per_decode(cfg, elem) + batch * context * cfg.kv_bytes_per_token(
-                runner.kv_dtype
-            )
-            floor = floor_bytes / bandwidth
-            rows.append(
-                {
-                    "kind": "decode",
-                    "batch": batch,
-                    "context": context,
-                    "graph": use_graph,
-                    "ms": seconds * 1e3,
-                    "floor_ms": floor * 1e3,
-                    "x_floor": seconds / floor,
-                    "achieved_TBps": floor_bytes / seconds / 1e12,
-                    "steady_ms": steady * 1e3,
-                    "steady_x_floor": steady / floor,
-                }
-            )
+            floor_bytes = decode_floor_bytes(cfg, elem, runner.kv_dtype, batch, context)
+            rows.append(decode_row(batch, context, use_graph, seconds, steady, floor_bytes, bandwidth))
             print(rows[-1], flush=True)
     for n in prefills:
         if -(-n // args.block_size) > core.num_blocks:
@@ -224,20 +248,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
         step = prefill_step(n, args.block_size, cfg.vocab_size, rng)
         run_prefill, graphed = prefill_call(step)
         seconds = _time(run_prefill, max(5, args.iters // 5))
-        flops = prefill_flops(cfg, n)
-        floor = flops / (tflops * 1e12)
-        rows.append(
-            {
-                "kind": "prefill",
-                "tokens": n,
-                "graph": graphed,
-                "ms": seconds * 1e3,
-                "floor_ms": floor * 1e3,
-                "x_floor": seconds / floor,
-                "achieved_TFLOPs": flops / seconds / 1e12,
-                "pct_matmul_rate": 100 * flops / seconds / 1e12 / tflops,
-            }
-        )
+        rows.append(prefill_row(n, graphed, seconds, prefill_flops(cfg, n), tflops))
         print(rows[-1], flush=True)
     result = {
         "header": header,
