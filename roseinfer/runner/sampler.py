@@ -205,17 +205,15 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def sample(
+def apply_controls(
     logits: torch.Tensor,
-    batch: SamplingBatch,
     banned: BannedTokens | None = None,
     penalties: StepPenalties | None = None,
     controls: StepControls | None = None,
 ) -> torch.Tensor:
-    """logits [N, V] (any float dtype) -> token ids [N] int64. In vLLM v1's order, in place where `logits` are
-    float32: the `controls`' allowed-ids mask and the bad-word bans waiting on a token in flight, the `banned`
-    tokens (bad words', min_tokens') set to -inf, the `controls`' logit biases, then the `penalties` rows
-    penalized (in float32): greedy rows take the argmax of the result, sampled rows draw from it."""
+    """The logits a step draws from, in vLLM v1's order, in place where `logits` are float32: the `controls`'
+    allowed-ids mask and the bad-word bans waiting on a token in flight, the `banned` tokens (bad words',
+    min_tokens') set to -inf, the `controls`' logit biases, then the `penalties` rows penalized (in float32)."""
     if controls is not None:
         logits = controls.mask(logits)
     if banned is not None:
@@ -224,6 +222,19 @@ def sample(
         controls.bias(logits)
     if penalties is not None:
         logits = penalties.apply(logits)
+    return logits
+
+
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch,
+    banned: BannedTokens | None = None,
+    penalties: StepPenalties | None = None,
+    controls: StepControls | None = None,
+) -> torch.Tensor:
+    """logits [N, V] (any float dtype) -> token ids [N] int64: the logits under `apply_controls`, then greedy rows
+    take the argmax of the result and sampled rows draw from it."""
+    logits = apply_controls(logits, banned, penalties, controls)
     if _fused_sampling_for(logits, batch):
         return _sample_fused(logits, batch)
     if batch.all_greedy:  # the argmax needs no float32 copy of the logits

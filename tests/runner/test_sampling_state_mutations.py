@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from roseinfer.request import Request
+from roseinfer.runner.sampler import apply_controls
 from roseinfer.runner.sampling_state import SamplingState
 from roseinfer.sampling_params import SamplingParams
 from tests.engine.logit_reference import control, reference_banned
@@ -65,16 +66,7 @@ def controlled(logits: torch.Tensor, state: SamplingState, reqs: list[Request], 
     if batch.any_min_tokens or batch.any_logit_controls:
         banned, controls = state.masks(reqs, batch, last_sampled)
     penalties = state.penalties if batch.any_penalties else None
-    x = logits.clone()
-    if controls is not None:
-        x = controls.mask(x)
-    if banned is not None:
-        x[banned] = float("-inf")
-    if controls is not None:
-        controls.bias(x)
-    if penalties is not None:
-        x = penalties.apply(x)
-    return batch, x, penalties
+    return batch, apply_controls(logits.clone(), banned, penalties, controls), penalties
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
