@@ -86,6 +86,12 @@ def test_process_labels_are_kept(tmp_path: Path) -> None:
     assert got == [(1, None, None), (3, "gpu", "GPU 0")]
 
 
+def test_a_process_known_only_by_its_labels_is_listed(tmp_path: Path) -> None:
+    events = [{"ph": "M", "name": "process_labels", "pid": 7, "args": {"labels": "idle"}}, ev("X", "x", 0, 1)]
+    got = rows(tmp_path, events, "SELECT pid, name, labels FROM process ORDER BY pid")
+    assert got == [(1, None, None), (7, None, "idle")]
+
+
 def test_a_flow_starting_as_its_launch_starts_leaves_the_launch(tmp_path: Path) -> None:
     """The start point binds to the innermost slice holding it: the launch that starts at that instant, not the
     range around it."""

@@ -249,7 +249,9 @@ def load_trace_sqlite(trace_path: str | os.PathLike[str], *, ancestors: bool = T
         CREATE TABLE flow (id INTEGER PRIMARY KEY, slice_out INTEGER, slice_in INTEGER);
         """
     )
-    pids = sorted({pid for pid, _ in tracks.tracks} | set(tracks.process_names), key=str)
+    pids = sorted(
+        {pid for pid, _ in tracks.tracks} | set(tracks.process_names) | set(tracks.process_labels), key=str
+    )
     upid = {pid: i for i, pid in enumerate(pids)}
     db.executemany(
         "INSERT INTO process VALUES (?, ?, ?, ?)",
