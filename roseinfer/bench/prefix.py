@@ -29,7 +29,7 @@ warm-up, as in a service that has been up for a while.
 
 This module is the command (options, dispatch, the report); the workloads live in `prefix_offline` (W4,
 W2), `prefix_online` (W3), `prefix_cow` (W5) and `prefix_cow_micro`, on `prefix_common.PrefixBench` and
-`engine_probe.Probe`; `prefix_plots` draws the W3 plot.
+`engine_probe.Probe`; `plots` draws the W3 plot.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from typing import Any
 
 from roseinfer.bench.engine_run import add_engine_arguments
 from roseinfer.bench.env import bench_header, format_header
+from roseinfer.bench.plots import plot_w3
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
 from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
 from roseinfer.bench.prefix_offline import bench_w2, bench_w4
 from roseinfer.bench.prefix_online import W3_WARMUP_REQUESTS, bench_w3
-from roseinfer.bench.prefix_plots import plot_w3
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.entrypoints.arg_types import positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config

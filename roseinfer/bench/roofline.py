@@ -29,6 +29,7 @@ from roseinfer.bench.env import (
     measure_matmul_tflops,
     median_time,
 )
+from roseinfer.bench.plots import plot_roofline
 from roseinfer.config import DTYPE_CHOICES, ModelConfig
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
@@ -65,7 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode steps as a PDL chain of Triton kernels (default on, where it applies: llama.decode_chain)",
     )
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
+    )
+    parser.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="draw the report here (default: beside --json as <base>.roofline.png; needs matplotlib)",
+    )
 
 
 def _ints(text: str) -> list[int]:
@@ -263,7 +272,22 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    plot_path = roofline_plot_path(args.json, args.plot)
+    if plot_path:
+        made = plot_roofline(result, plot_path)
+        print(
+            f"plot: {made}"
+            if made
+            else "plot: skipped, matplotlib is not installed (`bench plot` draws the json later)"
+        )
     return result
+
+
+def roofline_plot_path(json_path: str | None, plot: str | None) -> str | None:
+    """Where `bench roofline` draws its plot: --plot, else beside --json, else nowhere."""
+    if plot:
+        return plot
+    return f"{json_path.removesuffix('.json')}.roofline.png" if json_path else None
 
 
 def format_table(result: dict[str, Any]) -> str:

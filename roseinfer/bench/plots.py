@@ -1,0 +1,158 @@
+"""Bench reports as PNG plots, and `roseinfer bench plot REPORT.json`, which draws a saved report again.
+
+Plots need matplotlib (the `plots` extra). Without it a plot is skipped quietly (the functions return None):
+the GPU machine may lack it, so a report written there with `--json` can be drawn later where it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from types import ModuleType
+from typing import Any
+
+
+def pyplot() -> ModuleType | None:
+    """matplotlib.pyplot on the file-only Agg backend, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _title(header: dict[str, Any]) -> str:
+    return f"{header.get('model_shape', '?')} on {header.get('device', '?')} at {header.get('commit', '?')}"
+
+
+def plot_w3(w3: dict[str, Any], path: str) -> str | None:
+    """W3: TTFT p99 and E2E p99 against the arrival rate, prefix cache on vs off."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, (ax_ttft, ax_e2e) = plt.subplots(1, 2, figsize=(11, 4))
+    for cache, style in (("off", "o--"), ("on", "s-")):
+        rows = sorted((r for r in w3["rows"] if r["cache"] == cache), key=lambda r: r["rate"])
+        rates = [r["rate"] for r in rows]
+        ax_ttft.plot(rates, [r["ttft_p99_ms"] for r in rows], style, label=f"prefix cache {cache}")
+        ax_e2e.plot(rates, [r["e2e_p99_s"] for r in rows], style, label=f"prefix cache {cache}")
+    ax_e2e.axhline(w3["workload"]["slo_p99_s"], color="gray", linestyle=":", label="SLO")
+    ax_ttft.set(xlabel="arrival rate (req/s)", ylabel="TTFT p99 (ms)", title="W3 TTFT p99", yscale="log")
+    ax_e2e.set(xlabel="arrival rate (req/s)", ylabel="E2E p99 (s)", title="W3 E2E p99")
+    for ax in (ax_ttft, ax_e2e):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def roofline_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the roofline plot draws, from `bench roofline`'s rows (skipped rows left out): per decode context,
+    the batches and both timings as multiples of the floor; the prefill token counts and % of the matmul rate."""
+    decode: dict[int, dict[str, list[float]]] = {}
+    for r in sorted(
+        (r for r in rows if r["kind"] == "decode" and "skipped" not in r), key=lambda r: r["batch"]
+    ):
+        series = decode.setdefault(r["context"], {"batch": [], "x_floor": [], "steady_x_floor": []})
+        series["batch"].append(r["batch"])
+        series["x_floor"].append(r["x_floor"])
+        series["steady_x_floor"].append(r.get("steady_x_floor", math.nan))
+    prefill = sorted(
+        (r for r in rows if r["kind"] == "prefill" and "skipped" not in r), key=lambda r: r["tokens"]
+    )
+    return {
+        "decode": dict(sorted(decode.items())),
+        "prefill_tokens": [r["tokens"] for r in prefill],
+        "prefill_pct": [r["pct_matmul_rate"] for r in prefill],
+    }
+
+
+def plot_roofline(result: dict[str, Any], path: str) -> str | None:
+    """`bench roofline`: decode step time over its byte floor by batch (a line per context, one step at a time
+    and steady), and prefill's share of the measured matmul rate by prompt length."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    series = roofline_series(result["rows"])
+    fig, (ax_dec, ax_pre) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for context, s in series["decode"].items():
+        (line,) = ax_dec.plot(s["batch"], s["x_floor"], "o--", label=f"ctx {context}, one step at a time")
+        ax_dec.plot(
+            s["batch"], s["steady_x_floor"], "s-", color=line.get_color(), label=f"ctx {context}, steady"
+        )
+    ax_dec.axhline(1.0, color="gray", linestyle=":", label="floor (bytes / copy bandwidth)")
+    ax_dec.set(
+        xlabel="batch (sequences)",
+        ylabel="step time / floor",
+        title=f"decode (copy {result['bandwidth_TBps']:.2f} TB/s)",
+        ylim=(0, None),
+    )
+    ax_dec.set_xscale("log", base=2)
+    batches = sorted({b for s in series["decode"].values() for b in s["batch"]})
+    ax_dec.set_xticks(batches, [str(b) for b in batches])
+    labels = [str(n) for n in series["prefill_tokens"]]
+    bars = ax_pre.bar(labels, series["prefill_pct"], color="tab:green")
+    ax_pre.bar_label(bars, fmt="%.0f%%")
+    ax_pre.axhline(100.0, color="gray", linestyle=":", label="measured matmul rate")
+    ax_pre.set(
+        xlabel="prompt tokens",
+        ylabel="% of matmul rate",
+        title=f"prefill (matmul {result['matmul_TFLOPs']:.0f} TFLOP/s)",
+        ylim=(0, 110),
+    )
+    for ax in (ax_dec, ax_pre):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"roofline: {_title(result['header'])}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
+    """Every plot a saved report holds, written as `<base>.<name>.png`: name -> path (None: not drawn)."""
+    if not isinstance(report, dict):
+        raise ValueError("a report is a JSON object")
+    workload = report.get("header", {}).get("workload")
+    if workload == "roofline" and "rows" in report:
+        return {"roofline": plot_roofline(report, f"{base}.roofline.png")}
+    if "W3" in report.get("results", {}):
+        return {"W3": plot_w3(report["results"]["W3"], f"{base}.W3.png")}
+    raise ValueError(
+        f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline` and for"
+        " `bench prefix` reports with W3"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("report", help="a report that `bench roofline` or `bench prefix` wrote with --json")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="BASE",
+        help="write <BASE>.<plot>.png (default: the report's path less .json)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with open(args.report) as f:
+            report = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"bench plot: cannot read {args.report}: {e}") from e
+    if pyplot() is None:
+        raise SystemExit("bench plot needs matplotlib: pip install 'roseinfer[plots]'")
+    try:
+        made = plot_report(report, args.out or args.report.removesuffix(".json"))
+    except ValueError as e:
+        raise SystemExit(f"bench plot: {e}") from e
+    for name, path in made.items():
+        print(f"plot {name}: {path}")
+    return 0
