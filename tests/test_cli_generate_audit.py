@@ -177,6 +177,10 @@ def test_logprob_lines_spell_each_position():
     ]
 
 
-def test_a_text_prompt_without_a_tokenizer_says_how_to_give_one(capsys):
-    with pytest.raises(SystemExit, match="has no tokenizer; give --prompt-ids or --tokenizer"):
-        main(["generate", "--prompt", "Hello"])
+def test_a_text_prompt_without_a_tokenizer_says_how_to_give_one(capsys, monkeypatch):
+    """A refused prompt, as the README says of every refused input: one line on stderr, exit status 2."""
+    monkeypatch.delenv("ROSEINFER_TRACEBACK", raising=False)
+    assert main(["generate", "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("roseinfer generate: error: ") and len(err.strip().splitlines()) == 1
+    assert "has no tokenizer; give --prompt-ids or --tokenizer" in err

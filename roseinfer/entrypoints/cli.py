@@ -194,7 +194,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     if args.prompt is not None:
         if llm.tokenizer is None:
-            raise SystemExit(f"error: {model!r} has no tokenizer; give --prompt-ids or --tokenizer")
+            raise ValueError(f"{model!r} has no tokenizer; give --prompt-ids or --tokenizer")
         prompt: str | list[int] = args.prompt
     elif args.prompt_ids is not None:
         prompt = args.prompt_ids
