@@ -57,8 +57,14 @@ class SequenceOutput:
         req = self.req
         last = self.num_seen == len(req.output_token_ids)
         before = len(self.text)
-        # As vLLM: a stop token id (or eos) that ends the sequence keeps its id but adds no text.
-        stop_token = last and req.status is RequestStatus.FINISHED_STOPPED and req.stop_reason == token
+        # As vLLM: a stop token id (or eos) that ends the sequence keeps its id but adds no text, unless
+        # include_stop_str_in_output keeps its text too.
+        stop_token = (
+            last
+            and req.status is RequestStatus.FINISHED_STOPPED
+            and req.stop_reason == token
+            and not req.params.include_stop_str_in_output
+        )
         if not stop_token:
             self.text += self.detok.add([token])
         if req.is_finished and last:

@@ -112,6 +112,19 @@ def test_a_stop_token_keeps_its_id_but_not_its_text(llm: LLM) -> None:
     assert out.text == tok.decode(ids[:3], skip_special_tokens=True)
 
 
+def test_include_stop_str_in_output_keeps_a_stop_tokens_text(llm: LLM) -> None:
+    """As vLLM v1's detokenizer: a sequence that a stop token id ends decodes that token too where
+    `include_stop_str_in_output` is set (it skips it only otherwise)."""
+    tok = llm.tokenizer
+    ids = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+    stop_at = ids[3]
+    assert stop_at not in ids[:3] and tok.decode([stop_at]) != ""
+    params = greedy(10, stop_token_ids=[stop_at], include_stop_str_in_output=True)
+    out = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids == ids[:4] and out.stop_reason == stop_at
+    assert out.text == tok.decode(ids[:4], skip_special_tokens=True)
+
+
 def test_stop_reason_names_the_stop_string(llm: LLM) -> None:
     text = llm.generate([[5, 6, 7]], greedy(10, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
     stop = text[len(text) // 2 : len(text) // 2 + 2]
