@@ -92,6 +92,22 @@ def test_a_refused_input_is_one_line_on_stderr_not_a_traceback(capsys, monkeypat
         main(["generate", "--model", "qwen2.5-0.5b"])
 
 
+def test_a_refusal_with_a_multi_line_message_is_still_one_line(capsys, monkeypatch):
+    """The hub's errors span lines (a model id that is neither local nor on the hub, offline): the refusal that
+    carries one is still one line on stderr, every line of it kept."""
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise OSError("Got: ConnectError\nAn error happened while trying to locate the files on the Hub.")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.delenv("ROSEINFER_TRACEBACK", raising=False)
+    assert main(["generate", "--model", "no-such-org/no-such-model", "--prompt-ids", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("roseinfer generate: error: model ")
+    assert "ConnectError" in err and "locate the files on the Hub" in err
+
+
 def _greedy_ids(capsys, *flags: str) -> list[int]:
     assert main(["generate", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", *flags]) == 0
     return [int(t) for t in capsys.readouterr().out.strip().split(",")]

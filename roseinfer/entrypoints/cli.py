@@ -274,7 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # bad input the engine refused by name: its message, not a traceback
         if os.environ.get("ROSEINFER_TRACEBACK", "0") not in ("", "0"):
             raise
-        print(f"roseinfer {args.command}: error: {e} (ROSEINFER_TRACEBACK=1 shows where)", file=sys.stderr)
+        message = " ".join(str(e).splitlines())  # one line, though a wrapped error's message spans several
+        print(
+            f"roseinfer {args.command}: error: {message} (ROSEINFER_TRACEBACK=1 shows where)", file=sys.stderr
+        )
         return 2
 
 
