@@ -1,11 +1,13 @@
 """The README's names against the code: its `roseinfer ...` commands parse, every `--flag` it names is a flag of
 some `roseinfer` command (with a valid value where it gives one), every `name=` it shows is a parameter of the
-offline API, and every repository file it points to is there. A rename that leaves the README behind fails here.
+offline API (with the default the README gives it, where it gives one), and every repository file it points
+to is there. A rename that leaves the README behind fails here.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
 import re
@@ -138,3 +140,37 @@ def test_each_file_the_readme_points_to_is_there() -> None:
     assert dotted
     for module, name in dotted:
         assert re.search(rf"^def {name}\(", (ROOT / "roseinfer" / f"{module}.py").read_text(), flags=re.M)
+
+
+def _engine_defaults() -> dict[str, object]:
+    """Each keyword of `LLM(...)` -> its default."""
+    out: dict[str, object] = {}
+    for fn in (make_engine_config, LLM):
+        out |= {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
+    return out
+
+
+def test_the_defaults_the_readme_states() -> None:
+    """`name=False` turns something on by default off (and `name=True` one off by default on); `LLM(name=v)`
+    gives its default; the beam search signature lists BeamSearchParams' defaults."""
+    engine = _engine_defaults()
+    fields = dataclasses.fields(SamplingParams)
+    defaults = engine | {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    switches = [(n, v == "True") for s in SPANS for n, v in re.findall(r"^(\w+)=(True|False)$", s)]
+    assert len(switches) >= 8
+    for name, value in switches:
+        assert defaults[name] is (not value), f"`{name}={value}`: its default is {defaults[name]!r}"
+    stated = [m for s in SPANS for m in re.findall(r"^LLM\((\w+)=(-?\d[\d.]*|True|False|None)\)$", s)]
+    assert stated
+    for name, value in stated:
+        assert engine[name] == ast.literal_eval(value), (
+            f"`LLM({name}={value})`: its default is {engine[name]!r}"
+        )
+    (beam,) = [s for s in SPANS if s.startswith("llm.beam_search(")]
+    listed = dict(re.findall(r"(\w+)=([\w.]+)", beam))
+    beam_defaults = {f.name: f.default for f in dataclasses.fields(BeamSearchParams)}
+    assert set(listed) == {n for n, d in beam_defaults.items() if d is not dataclasses.MISSING}
+    for name, value in listed.items():
+        assert beam_defaults[name] == ast.literal_eval(value), (
+            f"BeamSearchParams.{name}: {beam_defaults[name]!r}"
+        )
