@@ -113,9 +113,19 @@ def bench_case(case: FusedCase, copy_bytes_per_s: float) -> dict[str, Any]:
     for name, fn in (("triton", case.triton), ("eager", case.reference), ("compiled", compiled)):
         args = case.inputs()
         times[name] = _graph_back_to_back_ms(lambda f=fn, a=args: [f(*a) for _ in range(LAUNCHES)], LAUNCHES)
-    floor_ms = case.nbytes / copy_bytes_per_s * 1e3
     return {
-        "op": case.op,
+        **fused_row(case.op, case.nbytes, copy_bytes_per_s, times),
+        "err_triton": _max_err(ours, eager_out),
+        "err_compiled": _max_err(compiled_out, eager_out),
+    }
+
+
+def fused_row(op: str, nbytes: int, copy_bytes_per_s: float, times: dict[str, float]) -> dict[str, Any]:
+    """An op's row from its ms per launch by way (`triton`, `eager`, `compiled`): microseconds, the floor (its
+    bytes at the copy bandwidth), Triton's time as a multiple of the floor, and the fastest way."""
+    floor_ms = nbytes / copy_bytes_per_s * 1e3
+    return {
+        "op": op,
         "floor_us": floor_ms * 1e3,
         "triton_us": times["triton"] * 1e3,
         "eager_us": times["eager"] * 1e3,
@@ -123,8 +133,6 @@ def bench_case(case: FusedCase, copy_bytes_per_s: float) -> dict[str, Any]:
         "triton_x_floor": times["triton"] / floor_ms,
         "compiled_vs_triton": times["compiled"] / times["triton"],
         "fastest": min(times, key=times.__getitem__),
-        "err_triton": _max_err(ours, eager_out),
-        "err_compiled": _max_err(compiled_out, eager_out),
     }
 
 

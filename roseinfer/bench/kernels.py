@@ -75,7 +75,45 @@ def _copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> tuple[fl
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
     dst = torch.empty_like(src)
     ms = _median_ms(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms * 1e-3) / 1e9, ms
+    return copy_rate_gbs(nbytes, ms), ms
+
+
+def copy_rate_gbs(nbytes: int, ms: float) -> float:
+    """GB/s of a copy of `nbytes` bytes taking `ms`, counting bytes read plus bytes written."""
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def decode_figures(
+    batch: int,
+    ctx: int,
+    num_kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    ms: float,
+    ms_1layer_flushed: float,
+    copy_gbs: float,
+) -> dict[str, float]:
+    """A decode row's bandwidth figures: the K and V bytes of `batch` sequences of `ctx` tokens read in `ms` per
+    launch, against the copy bandwidth; `pct_1layer_flushed` is the same at the one-layer flushed time."""
+    kv_bytes = 2 * batch * ctx * num_kv_heads * head_dim * itemsize
+    gbs = kv_bytes / (ms * 1e-3) / 1e9
+    return {
+        "kv_read_gbs": gbs,
+        "copy_gbs": copy_gbs,
+        "pct_of_copy": 100.0 * gbs / copy_gbs,
+        "pct_1layer_flushed": 100.0 * ms / ms_1layer_flushed * gbs / copy_gbs,
+    }
+
+
+def causal_prefill_flops(num_seqs: int, seq_len: int, num_heads: int, head_dim: int) -> float:
+    """FLOPs of causal attention over `num_seqs` sequences of `seq_len` tokens: QK^T and PV, 2 FLOPs a
+    multiply-add, over the seq_len (seq_len + 1) / 2 (query, key) pairs a causal mask keeps."""
+    return 4 * num_seqs * num_heads * head_dim * seq_len * (seq_len + 1) / 2
+
+
+def prefill_figures(flops: float, ms: float, ms_sdpa: float) -> dict[str, float]:
+    """A prefill row's rate and its speed against SDPA flash (> 1: faster than SDPA)."""
+    return {"tflops": flops / (ms * 1e-3) / 1e12, "vs_sdpa": ms_sdpa / ms}
 
 
 def _paged_cache(
@@ -128,8 +166,6 @@ def _bench_decode(
     ms = _graph_back_to_back_ms(every_layer, DECODE_LAYERS)
     ms_1layer_flushed = _graph_median_ms(lambda: layer(0))
     ms_eager = _median_ms(lambda: layer(0))
-    kv_bytes = 2 * batch * ctx * num_kv_heads * head_dim * dtype.itemsize
-    gbs = kv_bytes / (ms * 1e-3) / 1e9
     return {
         "kernel": "paged_decode",
         "model": name,
@@ -137,10 +173,7 @@ def _bench_decode(
         "ms": ms,
         "ms_1layer_flushed": ms_1layer_flushed,
         "ms_eager": ms_eager,
-        "kv_read_gbs": gbs,
-        "copy_gbs": copy_gbs,
-        "pct_of_copy": 100.0 * gbs / copy_gbs,
-        "pct_1layer_flushed": 100.0 * ms / ms_1layer_flushed * gbs / copy_gbs,
+        **decode_figures(batch, ctx, num_kv_heads, head_dim, dtype.itemsize, ms, ms_1layer_flushed, copy_gbs),
     }
 
 
@@ -191,7 +224,7 @@ def _bench_prefill(gen: torch.Generator) -> list[dict[str, Any]]:
     torch.cuda.synchronize()
     ref_out = ref["out"].transpose(1, 2).reshape(tokens, num_heads, head_dim)
     max_err = (out.float() - ref_out.float()).abs().max().item()
-    flops = 4 * num_seqs * num_heads * head_dim * seq_len * (seq_len + 1) / 2  # causal QK^T and PV
+    flops = causal_prefill_flops(num_seqs, seq_len, num_heads, head_dim)
     shape = f"{num_seqs}x{seq_len} Hq={num_heads} Hkv={num_kv_heads} D={head_dim} causal"
     rows = []
     ms_sdpa = _median_ms(sdpa)
@@ -203,8 +236,7 @@ def _bench_prefill(gen: torch.Generator) -> list[dict[str, Any]]:
                 "model": "llama-3.1-8b",
                 "shape": shape + (f" bs={block_size}" if kernel == "paged_prefill" else ""),
                 "ms": ms,
-                "tflops": flops / (ms * 1e-3) / 1e12,
-                "vs_sdpa": ms_sdpa / ms,
+                **prefill_figures(flops, ms, ms_sdpa),
                 "max_abs_err_vs_sdpa": max_err,
             }
         )
