@@ -209,3 +209,25 @@ def test_the_header_lines_align_their_colons():
     width = max(map(len, keys))
     for line, (k, v) in zip(lines, header.items(), strict=True):
         assert line == f"# {k}{' ' * (width - len(k))} : {v}"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-7"])
+def test_an_hf_batch_size_below_one_is_refused_by_name(monkeypatch, capsys, value: str):
+    """--hf-batch-size 0 ran HF at its default batch, and a negative one gave HF no batch at all: 0 tokens, and the
+    ratio divided by zero after every engine run had been timed."""
+    Fakes(monkeypatch)
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "bench",
+                "throughput",
+                "--model-shape",
+                "tiny-llama",
+                *SCALE,
+                "--peer",
+                "hf",
+                "--hf-batch-size",
+                value,
+            ]
+        )
+    assert "argument --hf-batch-size: must be >= 1" in capsys.readouterr().err

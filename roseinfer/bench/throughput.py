@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default="continuous", choices=[*SCHEDULER_MODES, "all"])
     parser.add_argument("--peer", choices=["hf"], default=None, help="also run HF generate, same weights")
     parser.add_argument(
-        "--hf-batch-size", type=int, default=None, help="HF batch (default: all if uniform, else 64)"
+        "--hf-batch-size", type=positive_int, default=None, help="HF batch (default: all if uniform, else 64)"
     )
     parser.add_argument("--num-requests", type=int, default=None, help="shrink the workload (quick runs)")
     parser.add_argument("--max-prompt-len", type=int, default=None, help="shrink prompt lengths")
