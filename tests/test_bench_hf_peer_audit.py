@@ -93,10 +93,9 @@ class FakeClock:
 
 def test_hf_run_figures(monkeypatch):
     rng = np.random.default_rng()
-    n = int(rng.integers(2, 20))
-    w = workload(
-        [int(x) for x in rng.integers(1, 30, size=n)], [int(x) for x in rng.integers(1, 30, size=n)], 0.6
-    )
+    n = int(rng.integers(3, 20))
+    outputs = [int(x) for x in rng.permutation(np.arange(1, 40))[:n]]  # distinct: every batch of 2+ pads
+    w = workload([int(x) for x in rng.integers(1, 30, size=n)], outputs, 0.6)
     clock = FakeClock()
     seen: list[tuple[list[list[int]], int, float]] = []
     phases: list[tuple[float, float]] = []
@@ -111,8 +110,15 @@ def test_hf_run_figures(monkeypatch):
         return torch.zeros(len(prompts), max_new, dtype=torch.long), first
 
     monkeypatch.setattr(hf_peer, "time", clock)
+    syncs: list[float] = []
+
+    def fake_sync(device: Any) -> None:  # time between batches (syncs 1, 3, ...: before each batch starts)
+        syncs.append(float(rng.uniform(0.01, 1)) if len(syncs) % 2 else 0.0)
+        clock.now += syncs[-1]
+
+    monkeypatch.setattr(hf_peer, "sync", fake_sync)
     monkeypatch.setattr(hf_peer, "hf_generate_batch", fake_generate)
-    batch = int(rng.integers(1, n))
+    batch = int(rng.integers(2, n))
     start = clock.now
     r = hf_peer.run_hf(None, w, torch.device("cpu"), batch)  # type: ignore[arg-type]
     batches = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
@@ -122,7 +128,7 @@ def test_hf_run_figures(monkeypatch):
     total = clock.now - start
     assert r.total_time == pytest.approx(total, rel=1e-12)
     assert r.decode_time == pytest.approx(sum(d for _, d in phases), rel=1e-12)
-    assert r.prefill_time == pytest.approx(total - r.decode_time, rel=1e-12)
+    assert sum(syncs) > 0 and r.prefill_time == pytest.approx(total - r.decode_time, rel=1e-12)
     assert r.extra["prefill_forward_time"] == pytest.approx(sum(p for p, _ in phases), rel=1e-12)
     assert r.completion_tokens == sum(w.output_lens) and r.prompt_tokens == sum(w.prompt_lens)
     assert r.extra["num_batches"] == len(batches)

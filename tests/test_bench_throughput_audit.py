@@ -6,6 +6,7 @@ run including HF's, the JSON report's shape; and the header helpers of `roseinfe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -231,3 +232,25 @@ def test_an_hf_batch_size_below_one_is_refused_by_name(monkeypatch, capsys, valu
             ]
         )
     assert "argument --hf-batch-size: must be >= 1" in capsys.readouterr().err
+
+
+def test_device_timers_give_seconds_per_call(monkeypatch):
+    """`median_time`: the median of single timed calls; `back_to_back_time`: the median over rounds of a round's
+    time over its calls. CUDA events faked by a function of how many calls they span."""
+    rng = np.random.default_rng()
+    per_call = [float(t) for t in rng.uniform(1e-4, 1e-2, size=int(rng.integers(1, 8)) * 2 + 1)]
+    spans: list[int] = []
+
+    def event_seconds(fn: Any, calls: int) -> float:
+        spans.append(calls)
+        return calls * per_call[len(spans) - 1]
+
+    monkeypatch.setattr(env, "_event_seconds", event_seconds)
+    monkeypatch.setattr(env, "_warm_up", lambda fn, device, warmup: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    repeats = int(rng.integers(2, 50))
+    got = env.back_to_back_time(lambda: None, torch.device("cpu"), 1, repeats, rounds=len(per_call))
+    assert spans == [repeats] * len(per_call) and got == pytest.approx(float(np.median(per_call)), rel=1e-12)
+    spans.clear()
+    got = env.median_time(lambda: None, torch.device("cpu"), 1, len(per_call))
+    assert spans == [1] * len(per_call) and got == pytest.approx(float(np.median(per_call)), rel=1e-12)
