@@ -101,7 +101,7 @@ def test_the_warmup_meets_the_timed_shapes_with_other_prompts():
         warm_len = int(rng.integers(1, 9)) if workload_id != "W4" else out_len + int(rng.integers(1, 4))
         argv = ["--num-requests", str(num), "--max-prompt-len", str(prompt_len), "--max-output-len", str(out_len),
                 "--warmup-output-len", str(warm_len)]  # fmt: skip
-        asked = int(rng.integers(1, 2 * num))
+        asked = int(rng.integers(num + 1, 2 * num)) if workload_id == "W1" else int(rng.integers(1, 2 * num))
         argv += ["--warmup-requests", str(asked)] if asked != num else []
         args = parser().parse_args(argv)
         timed = build_workload(workload_id, 32000, num_requests=num, max_prompt_len=prompt_len,

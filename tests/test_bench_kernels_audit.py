@@ -184,7 +184,7 @@ def test_cow_pairs_use_every_block_they_may_and_no_block_twice():
 
 def test_time_per_call_on_the_cpu_is_the_time_of_one_call(monkeypatch):
     rng = np.random.default_rng()
-    step, iters, warmup = float(rng.uniform(1e-6, 1)), int(rng.integers(1, 20)), int(rng.integers(1, 5))
+    step, iters, warmup = float(rng.uniform(1e-6, 1)), int(rng.integers(2, 20)), int(rng.integers(1, 5))
     clock = {"now": float(rng.uniform(0, 100)), "calls": 0}
 
     def fn() -> None:  # each call takes `step` seconds of the fake clock
@@ -204,7 +204,7 @@ def tiny_engine(**kw: Any) -> LLMEngine:
 def test_measure_cow_reports_microseconds_per_copied_block(monkeypatch):
     rng = np.random.default_rng()
     engine = tiny_engine(num_kv_blocks=16)
-    k, iters = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+    k, iters = int(rng.integers(2, 9)), int(rng.integers(1, 5))
     seconds = [float(t) for t in rng.uniform(1e-5, 1e-2, size=4)]  # batched, looped; twice (backend, runner)
     calls: list[int] = []
 
@@ -277,3 +277,31 @@ def test_cow_micro_result_says_false_if_any_variant_differs_and_sizes_its_pool(m
     assert out["identical"] is False and out["identical_by_variant"] == verdicts
     assert made[0]["num_kv_blocks"] >= 2 * k  # room for k sources and k destinations
     assert re.search(r"\(3\.0 KiB each, block size 64,", out["text"])
+
+
+def test_time_per_call_on_a_gpu_is_the_event_time_of_one_call(monkeypatch):
+    """The CUDA branch, with the events faked on the same clock: milliseconds between them over the calls."""
+    rng = np.random.default_rng()
+    step, iters = float(rng.uniform(1e-6, 1)), int(rng.integers(2, 20))
+    clock = {"now": 0.0}
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.at = 0.0
+
+        def record(self) -> None:
+            self.at = clock["now"]
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.at - self.at) * 1e3  # ms, as CUDA events give it
+
+    def fn() -> None:
+        clock["now"] += step
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(prefix_cow_micro, "sync", lambda device: None)
+    got = prefix_cow_micro.time_per_call(fn, SimpleNamespace(type="cuda"), iters)  # type: ignore[arg-type]
+    assert got == pytest.approx(step, rel=1e-9)
