@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+import triton
 import triton.language as tl
 
 from roseinfer.kv.cache_dtype import check_cache_dtype, is_fp8
@@ -14,8 +14,9 @@ LOG2E = 1.4426950408889634
 
 
 def is_interpret() -> bool:
-    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1), read as Triton reads
+    it: "true", "on" and "yes" are set too, and "false", "off" and "no" are not."""
+    return bool(triton.knobs.runtime.interpret)
 
 
 def _install_interpreter_index_fix() -> None:
@@ -52,8 +53,6 @@ def _cuda_sm_count(index: int) -> int:
 
 @functools.cache
 def _cuda_max_shared(index: int) -> int:
-    import triton
-
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
