@@ -1,0 +1,235 @@
+"""`kernels/prefill_plan.py` on the host: the q tile height, the tile map (its tiles, key splits, partial rows
+and order) and the planner's eager maps, against references written here with plain loops, over random
+lengths at and off tile boundaries. No kernel runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roseinfer.kernels import prefill_plan
+from roseinfer.kernels.prefill_plan import (
+    MAX_KEY_SPLITS,
+    TILE_ROWS,
+    KeySplit,
+    TilePlanner,
+    key_split_for,
+    leading_decodes,
+    prefill_block_m,
+    prefill_config,
+    prefill_tile_map,
+)
+
+CPU = torch.device("cpu")
+
+
+def _ceil(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _block_m_ref(cap: int, max_query_len: int) -> int:
+    """The smallest power of two at least 16 that holds `max_query_len` rows, but no more than `cap`."""
+    m = 16
+    while m < max_query_len and m < cap:
+        m *= 2
+    return min(m, cap) if cap >= 16 else 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_block_m_is_the_smallest_tile_that_holds_the_chunk(dtype: torch.dtype) -> None:
+    rng = np.random.default_rng(11)
+    lens = [0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 4096, *rng.integers(1, 3000, 40)]
+    for head_dim in (8, 32, 64, 80, 128):
+        cfg = prefill_config(max(16, 1 << (head_dim - 1).bit_length()), dtype)[0]
+        for n in lens:
+            assert prefill_block_m(head_dim, dtype, int(n)) == _block_m_ref(cfg, int(n)), (head_dim, n)
+            for cap in (16, 32, 64, 128):
+                assert prefill_block_m(head_dim, dtype, int(n), cap) == _block_m_ref(cap, int(n)), (n, cap)
+
+
+def _split_counts_ref(keys: list[int], rows: list[int], split: KeySplit, capacity: int) -> list[int]:
+    """The documented split policy, tile by tile: no splits when the tiles fill a wave; otherwise the fewest
+    key tiles a program (at least the work spread over a wave, and `min_keys`), grown by an eighth until the
+    programs fit one wave, the map and the partial rows; at most MAX_KEY_SPLITS and one a key tile."""
+    if len(keys) * split.num_heads >= split.wave:
+        return [1] * len(keys)
+    key_tiles = [_ceil(k, split.block_n) for k in keys]
+    per_program = max(
+        _ceil(sum(key_tiles) * split.num_heads, split.wave), _ceil(split.min_keys, split.block_n), 1
+    )
+    while True:
+        counts = [max(1, min(_ceil(kt, per_program), max(kt, 1), MAX_KEY_SPLITS)) for kt in key_tiles]
+        part = sum(r * c for r, c in zip(rows, counts, strict=True) if c > 1)
+        if sum(counts) * split.num_heads <= split.wave and sum(counts) <= capacity and part <= split.max_rows:
+            return counts
+        per_program += max(1, per_program // 8)
+
+
+def _tile_map_ref(
+    q_lens: list[int],
+    seq_lens: list[int],
+    first_seq: int,
+    block_m: int,
+    capacity: int,
+    split: KeySplit | None,
+) -> np.ndarray:
+    """Every q tile of sequences first_seq.. (in order), cut into its splits, each split tile's partials
+    after the previous split tiles'; sorted by keys a program, longest first, ties in tile order. (An unsplit
+    tile's partial row is never read: `_same_map` leaves it out.)"""
+    tiles = []  # (seq, block, keys, rows)
+    for s in range(first_seq, len(q_lens)):
+        q, prefix = q_lens[s], seq_lens[s] - q_lens[s]
+        for b in range(_ceil(q, block_m)):
+            tiles.append((s, b, prefix + min((b + 1) * block_m, q), min(block_m, q - b * block_m)))
+    if split is None:
+        counts = [1] * len(tiles)
+    else:
+        counts = _split_counts_ref([t[2] for t in tiles], [t[3] for t in tiles], split, capacity)
+    entries, next_row = [], 0
+    for (s, b, keys, rows), c in zip(tiles, counts, strict=True):
+        entries += [((s, b, p, c, next_row), keys / c) for p in range(c)]
+        next_row += rows * c if c > 1 else 0
+    entries.sort(key=lambda e: -e[1])  # stable
+    out = np.full((TILE_ROWS, capacity), -1, np.int32)
+    for i, (entry, _) in enumerate(entries):
+        out[:, i] = entry
+    return out
+
+
+def _same_map(got: np.ndarray, want: np.ndarray) -> bool:
+    split = want[3] > 1
+    return np.array_equal(got[:4], want[:4]) and np.array_equal(got[4][split], want[4][split])
+
+
+def _random_step(rng: np.random.Generator, block_m: int) -> tuple[list[int], list[int], int]:
+    n = int(rng.integers(1, 7))
+    edges = [1, block_m - 1, block_m, block_m + 1, 2 * block_m + 1]
+    q_lens = [int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, 200)) for _ in range(n)]
+    prefixes = [
+        int(rng.choice([0, 1, 15, 16, 255, 256, 257])) if rng.random() < 0.3 else int(rng.integers(0, 3000))
+        for _ in range(n)
+    ]
+    first_seq = int(rng.integers(0, n + 1)) if rng.random() < 0.7 else 0
+    return q_lens, [p + q for p, q in zip(prefixes, q_lens, strict=True)], first_seq
+
+
+def _check_map(
+    tiles: np.ndarray,
+    q_lens: list[int],
+    seq_lens: list[int],
+    first_seq: int,
+    block_m: int,
+    split: KeySplit | None,
+) -> None:
+    """What the kernel needs whatever the policy: every q tile of first_seq.. once per split, pieces 0..n-1,
+    no share without a key tile, partials of split tiles in disjoint runs below `max_rows`, -1 pads."""
+    used = int((tiles[0] >= 0).sum())
+    assert (tiles[:, :used] >= 0).all() and (tiles[:, used:] == -1).all()
+    seen: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for s, b, p, c, r in tiles[:, :used].T.tolist():
+        seen.setdefault((s, b), []).append((p, c, r))
+    want = {(s, b) for s in range(first_seq, len(q_lens)) for b in range(_ceil(q_lens[s], block_m))}
+    assert set(seen) == want
+    runs = []
+    for (s, b), got in seen.items():
+        c, r = got[0][1], got[0][2]
+        assert sorted(got) == [(p, c, r) for p in range(c)], (s, b, got)
+        keys = seq_lens[s] - q_lens[s] + min((b + 1) * block_m, q_lens[s])
+        if c > 1:
+            assert split is not None and c <= min(MAX_KEY_SPLITS, _ceil(keys, split.block_n))
+            runs.append((r, r + c * min(block_m, q_lens[s] - b * block_m)))
+    runs.sort()
+    assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:], strict=False)), runs
+    if runs:
+        assert split is not None and runs[0][0] >= 0 and runs[-1][1] <= split.max_rows
+        assert used * split.num_heads <= split.wave
+
+
+def test_prefill_tile_map_matches_its_reference_on_random_steps() -> None:
+    rng = np.random.default_rng(2026)
+    split_seen = 0
+    for case in range(400):
+        block_m = int(rng.choice([16, 32, 64]))
+        q_lens, seq_lens, first_seq = _random_step(rng, block_m)
+        q_tiles = sum(_ceil(q, block_m) for q in q_lens[first_seq:])
+        capacity = q_tiles + int(rng.integers(0, 40))
+        split = None
+        if case % 5:
+            split = KeySplit(
+                num_heads=int(rng.choice([1, 2, 4, 8, 32])),
+                block_n=int(rng.choice([16, 32, 64])),
+                wave=int(rng.integers(4, 300)),
+                min_keys=int(rng.choice([16, 64, 100, 256])),
+                max_rows=int(rng.choice([16, 40, 64, 200, 2048])),
+            )
+        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        got = prefill_tile_map(starts, np.array(seq_lens, np.int32), first_seq, block_m, capacity, split)
+        assert got.shape == (TILE_ROWS, capacity) and got.dtype == np.int32
+        _check_map(got, q_lens, seq_lens, first_seq, block_m, split)
+        want = _tile_map_ref(q_lens, seq_lens, first_seq, block_m, capacity, split)
+        assert _same_map(got, want), (q_lens, seq_lens, first_seq, block_m, capacity, split)
+        split_seen += int((got[3] > 1).any())
+        if q_tiles:
+            with pytest.raises(ValueError, match="exceed"):
+                prefill_tile_map(starts, np.array(seq_lens), first_seq, block_m, q_tiles - 1, split)
+    assert split_seen > 50, "too few cases cut keys: the reference's split path went untested"
+
+
+def test_leading_decodes_counts_the_one_token_sequences_in_front() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        q_lens = rng.choice([1, 1, 1, 2, 7, 0], size=int(rng.integers(1, 9)))
+        want = 0
+        while want < len(q_lens) and q_lens[want] == 1:
+            want += 1
+        assert leading_decodes(q_lens) == want, q_lens
+
+
+@pytest.mark.parametrize("sms", [8, 13, 33])
+def test_planner_eager_map_matches_its_reference(monkeypatch: pytest.MonkeyPatch, sms: int) -> None:
+    """The planner's map for an eager step: the tiles after its leading decodes, room for a wave's worth of
+    splits beyond them, and only when some tile's keys are cut (then trimmed to its programs)."""
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: sms)
+    rng = np.random.default_rng(sms)
+    planned_seen = 0
+    for _ in range(200):
+        num_heads = int(rng.choice([1, 2, 3, 6]))
+        planner = TilePlanner(num_heads, 32, torch.float32, CPU)
+        split = planner.split
+        assert split is not None and split.wave == key_split_for(num_heads, 32, torch.float32, CPU).wave
+        n = int(rng.integers(1, 6))
+        decodes = int(rng.integers(0, n + 1))
+        q_lens = [1] * decodes + [int(rng.integers(1, 90)) for _ in range(n - decodes)]
+        seq_lens = [q + int(rng.choice([0, 40, 600, 3000, 9000])) for q in q_lens]
+        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int64)
+        got = planner.eager_map(starts, np.array(seq_lens))
+        first = leading_decodes(np.array(q_lens))
+        if first == n:
+            assert got is None
+            continue
+        block_m = prefill_block_m(32, torch.float32, max(q_lens[first:]))
+        q_tiles = sum(_ceil(q, block_m) for q in q_lens[first:])
+        want = _tile_map_ref(q_lens, seq_lens, first, block_m, q_tiles + _ceil(split.wave, num_heads), split)
+        if not (want[3] > 1).any():
+            assert got is None, (q_lens, seq_lens)
+            continue
+        planned_seen += 1
+        assert got is not None
+        tiles, got_block_m = got
+        assert got_block_m == block_m and tiles.flags.c_contiguous
+        assert _same_map(tiles, want[:, : int((want[0] >= 0).sum())]), (q_lens, seq_lens)
+    assert planned_seen > 10
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_key_split_matches_the_compiled_tile(monkeypatch: pytest.MonkeyPatch, head_dim: int, dtype) -> None:
+    """The engine's split policy on a GPU: key tiles as long as the kernel's, and a wave of one 8-warp
+    program or two smaller ones an SM."""
+    monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    split = key_split_for(40, head_dim, dtype, CPU)
+    _, block_n, num_warps, _ = prefill_config(head_dim, dtype)
+    assert (split.num_heads, split.block_n) == (40, block_n)
+    assert split.wave == 132 * (1 if num_warps == 8 else 2)
