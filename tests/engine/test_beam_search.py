@@ -6,12 +6,15 @@ token ids or dicts; bad input refused by name; nothing left behind (the invarian
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from roseinfer import LLM, BeamSearchOutput, BeamSearchParams, SamplingParams
+from roseinfer.entrypoints.beam_search import BeamSearchSequence, _advance, _Instance
+from roseinfer.logprobs import Logprob
 from tests.engine.beam_reference import next_logprobs, reference_beam_search, score
 from tests.models.tiny_models import save_hf_model
 
@@ -210,3 +213,95 @@ def test_bad_calls_are_refused_before_anything_runs(tok_llm, llama_dir: str) -> 
         no_tokenizer.beam_search(["text"], BeamSearchParams(2, 3))
     (out,) = no_tokenizer.beam_search([[5, 6, 7]], BeamSearchParams(2, 3))
     assert all(s.text is None and len(s.tokens) == 6 for s in out.sequences)
+
+
+def test_defaults_are_vllms(eos_llm) -> None:
+    """vLLM's BeamSearchParams defaults: greedy probes, eos honoured, length penalty 1, eos left out."""
+    llm, model, eos = eos_llm
+    params = BeamSearchParams(3, 6)
+    assert (params.ignore_eos, params.temperature, params.length_penalty) == (False, 0.0, 1.0)
+    assert params.include_stop_str_in_output is False
+    (out,) = llm.beam_search([PROMPTS[0]], params)
+    assert_same(out, reference_beam_search(model, PROMPTS[0], 3, 6, [eos], False, 1.0), PROMPTS[0])
+
+
+def test_each_dict_is_the_top_2_width_raw_logprobs(tok_llm) -> None:
+    """At temperature 0 a round's dict is exactly the 2 * beam_width most likely next tokens, with the model's
+    logprobs; at temperature 1 the sampled token joins them when it is not among those."""
+    llm, model = tok_llm
+    width = 2
+    for temperature in [0.0, 1.0]:
+        outs = llm.beam_search(PROMPTS, BeamSearchParams(width, 4, temperature=temperature, ignore_eos=True))
+        extra = 0
+        for out, prompt in zip(outs, PROMPTS, strict=True):
+            for s in out.sequences:
+                for i, position in enumerate(s.logprobs):
+                    ref = next_logprobs(model, s.tokens[: len(prompt) + i])
+                    values, ids = torch.topk(ref, 2 * width)
+                    assert set(ids.tolist()) <= set(position)
+                    extra += len(position) - 2 * width
+                    assert len(position) - 2 * width in ((0,) if temperature == 0.0 else (0, 1))
+                    for token, entry in position.items():
+                        assert entry.logprob == pytest.approx(float(ref[token]), abs=TOL)
+        # Near-uniform tiny model, hundreds of tokens: a sample lands outside the top 4 almost always.
+        assert (extra > 0) is (temperature > 0.0)
+
+
+def test_a_cache_salt_keeps_the_beams_apart(tok_llm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round's requests carry the prompt's cache_salt: a new salt's first round hits nothing cached, the
+    same salt again hits its own blocks."""
+    llm, _ = tok_llm
+    firsts: list[list[int]] = []
+    generate = LLM.generate
+
+    def spy(self, prompts, params=None, use_tqdm=True):
+        outs = generate(self, prompts, params, use_tqdm)
+        firsts.append([o.num_cached_tokens for o in outs])
+        return outs
+
+    monkeypatch.setattr(LLM, "generate", spy)
+    prompt = list(range(100, 121))
+    cached = []
+    for salt in ["a", "b", "a"]:
+        firsts.clear()
+        llm.beam_search([{"prompt_token_ids": prompt, "cache_salt": salt}], BeamSearchParams(2, 2))
+        cached.append(firsts[0][0])
+    assert cached[:2] == [0, 0] and cached[2] >= 16  # the prompt's full blocks, salt "a"'s own
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_round_keeps_the_best_candidates_by_their_whole_sequence_score(seed: int) -> None:
+    """One round over drawn dicts, eos among the candidates, against the score of each candidate's whole token
+    list (as vLLM builds it): the kept beams, best first, and the completed ones. With ignore_eos an eos
+    candidate lives on and its length leaves the eos out, so its rank against the others hangs on the lengths."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        width = rng.randint(1, 3)
+        eos = frozenset(rng.sample(range(8), rng.randint(1, 2)))
+        ignore, include = rng.random() < 0.5, rng.random() < 0.5
+        penalty = rng.choice([0.0, 0.5, 1.0, 2.0, -1.0, rng.uniform(-3, 3)])
+        length = rng.randint(1, 4)  # every beam of a prompt has the same length each round
+        beams = [
+            BeamSearchSequence([rng.randrange(8, 50) for _ in range(length)], [], rng.uniform(-9, 0))
+            for _ in range(rng.randint(1, width))
+        ]
+        dicts = [
+            {t: Logprob(rng.uniform(-6, -0.01)) for t in rng.sample(range(12), 2 * width)} for _ in beams
+        ]
+        params = BeamSearchParams(
+            width, 5, ignore_eos=ignore, length_penalty=penalty, include_stop_str_in_output=include
+        )
+        inst = _Instance(beams[0].tokens, None, list(beams))
+        _advance(inst, dicts, eos, params)
+        live, done = [], []
+        for beam, position in zip(beams, dicts, strict=True):
+            for token, entry in position.items():
+                cum = beam.cum_logprob + entry.logprob
+                if token in eos and not ignore:
+                    done.append((beam.tokens + [token] if include else beam.tokens, cum, token))
+                else:
+                    live.append((beam.tokens + [token], cum))
+        live.sort(key=lambda c: score(c[0], c[1], eos, penalty), reverse=True)
+        assert [(b.tokens, b.cum_logprob) for b in inst.beams] == live[:width]
+        assert [(b.tokens, b.cum_logprob, b.stop_reason) for b in inst.completed] == done
+        assert all(b.finish_reason == "stop" for b in inst.completed)
