@@ -150,13 +150,9 @@ def test_text_token_id_and_dict_prompts_agree(tok_llm) -> None:
         assert all(e.decoded_token == llm.tokenizer.decode([t]) for p in s.logprobs for t, e in p.items())
 
 
-def test_each_round_is_one_batch_and_reuses_the_beams_prefixes(
-    tok_llm, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every live beam of every prompt in one generate call a round; after the first round the beams' prompts
-    hit the prefix cache (their shared prefix was computed the round before)."""
-    llm, _ = tok_llm
-    calls = []
+def cached_tokens_per_call(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """Spies on LLM.generate: each call appends its outputs' num_cached_tokens to the returned list."""
+    calls: list[list[int]] = []
     generate = LLM.generate
 
     def spy(self, prompts, params=None, use_tqdm=True):
@@ -165,6 +161,16 @@ def test_each_round_is_one_batch_and_reuses_the_beams_prefixes(
         return outs
 
     monkeypatch.setattr(LLM, "generate", spy)
+    return calls
+
+
+def test_each_round_is_one_batch_and_reuses_the_beams_prefixes(
+    tok_llm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every live beam of every prompt in one generate call a round; after the first round the beams' prompts
+    hit the prefix cache (their shared prefix was computed the round before)."""
+    llm, _ = tok_llm
+    calls = cached_tokens_per_call(monkeypatch)
     long_prompts = [list(range(20, 45)), list(range(60, 78))]
     llm.beam_search(long_prompts, BeamSearchParams(2, 4))
     assert [len(c) for c in calls] == [2, 4, 4, 4]
@@ -251,15 +257,7 @@ def test_a_cache_salt_keeps_the_beams_apart(tok_llm, monkeypatch: pytest.MonkeyP
     """Each round's requests carry the prompt's cache_salt: a new salt's first round hits nothing cached, the
     same salt again hits its own blocks."""
     llm, _ = tok_llm
-    firsts: list[list[int]] = []
-    generate = LLM.generate
-
-    def spy(self, prompts, params=None, use_tqdm=True):
-        outs = generate(self, prompts, params, use_tqdm)
-        firsts.append([o.num_cached_tokens for o in outs])
-        return outs
-
-    monkeypatch.setattr(LLM, "generate", spy)
+    firsts = cached_tokens_per_call(monkeypatch)
     prompt = list(range(100, 121))
     cached = []
     for salt in ["a", "b", "a"]:
