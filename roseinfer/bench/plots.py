@@ -25,6 +25,11 @@ def pyplot() -> ModuleType | None:
     return plt
 
 
+def report_plot_path(base: str, name: str) -> str:
+    """Where a report's plot `name` goes: `<base>.<name>.png`, base being the report's path less `.json`."""
+    return f"{base.removesuffix('.json')}.{name}.png"
+
+
 def _title(header: dict[str, Any]) -> str:
     return f"{header.get('model_shape', '?')} on {header.get('device', '?')} at {header.get('commit', '?')}"
 
@@ -122,9 +127,9 @@ def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
         raise ValueError("a report is a JSON object")
     workload = report.get("header", {}).get("workload")
     if workload == "roofline" and "rows" in report:
-        return {"roofline": plot_roofline(report, f"{base}.roofline.png")}
+        return {"roofline": plot_roofline(report, report_plot_path(base, "roofline"))}
     if "W3" in report.get("results", {}):
-        return {"W3": plot_w3(report["results"]["W3"], f"{base}.W3.png")}
+        return {"W3": plot_w3(report["results"]["W3"], report_plot_path(base, "W3"))}
     raise ValueError(
         f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline` and for"
         " `bench prefix` reports with W3"
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if pyplot() is None:
         raise SystemExit("bench plot needs matplotlib: pip install 'roseinfer[plots]'")
     try:
-        made = plot_report(report, args.out or args.report.removesuffix(".json"))
+        made = plot_report(report, args.out or args.report)
     except ValueError as e:
         raise SystemExit(f"bench plot: {e}") from e
     for name, path in made.items():

@@ -42,7 +42,7 @@ from typing import Any
 
 from roseinfer.bench.engine_run import add_engine_arguments
 from roseinfer.bench.env import bench_header, format_header
-from roseinfer.bench.plots import plot_w3
+from roseinfer.bench.plots import plot_w3, report_plot_path
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
 from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
@@ -155,9 +155,8 @@ def run_prefix(args: argparse.Namespace) -> dict[str, Any]:
         results[wid] = res
     plots: dict[str, str] = {}
     if args.json:
-        base = args.json.removesuffix(".json")
         if "W3" in results:
-            made = plot_w3(results["W3"], f"{base}.W3.png")
+            made = plot_w3(results["W3"], report_plot_path(args.json, "W3"))
             if made:
                 plots["W3"] = made
                 print(f"plot: {made}", flush=True)

@@ -29,7 +29,7 @@ from roseinfer.bench.env import (
     measure_matmul_tflops,
     median_time,
 )
-from roseinfer.bench.plots import plot_roofline
+from roseinfer.bench.plots import plot_roofline, report_plot_path
 from roseinfer.config import DTYPE_CHOICES, ModelConfig
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
@@ -287,7 +287,7 @@ def roofline_plot_path(json_path: str | None, plot: str | None) -> str | None:
     """Where `bench roofline` draws its plot: --plot, else beside --json, else nowhere."""
     if plot:
         return plot
-    return f"{json_path.removesuffix('.json')}.roofline.png" if json_path else None
+    return report_plot_path(json_path, "roofline") if json_path else None
 
 
 def format_table(result: dict[str, Any]) -> str:
