@@ -28,34 +28,35 @@ run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER ma
 }
 # sharded_pytest TAG K ARGS...: the tests ARGS select, dealt round-robin over K pytest processes a GPU on each of
 # this machine's GPUs (CUDA_VISIBLE_DEVICES), so that Triton's compiles (CPU-bound) run side by side; one GPU, K=1: one
-# process. K > 1 suits tests whose memory is small and fixed; an engine left at the default gpu_memory_utilization
-# (0.9) needs the GPU to itself (K=1). Logs: $LOGS/TAG.ids (every id), TAG.ids.I and TAG.shardI.log,
-# TAG.timing.ids and TAG.timing.log.
+# process. K > 1 suits tests whose memory is small and fixed; a test whose engine sizes its KV cache by
+# gpu_memory_utilization needs the GPU to itself, and says so with the `alone` marker. Logs: $LOGS/TAG.ids (every id), TAG.ids.I and TAG.shardI.log,
+# TAG.alone.ids and TAG.alone.log.
 sharded_pytest() {
     local tag=$1 k=$2 n m i rc=0 pids=(); shift 2
-    rm -f "$LOGS/$tag".ids* "$LOGS/$tag".shard*.log "$LOGS/$tag".timing.*
+    rm -f "$LOGS/$tag".ids* "$LOGS/$tag".shard*.log "$LOGS/$tag".alone.*
     n=$(python3 -c "import torch; print(max(torch.cuda.device_count(), 1))")
     m=$((n * k))
     python3 -m pytest -q -p no:cacheprovider --collect-only "$@" | grep '::' > "$LOGS/$tag.ids" || return 1
-    # Tests marked `timing` compare measured times, so they run alone after the shards, one process on GPU 0.
-    # The later -m wins over one in "$@"; the grep keeps only tests the selection itself collected.
-    { python3 -m pytest -q -p no:cacheprovider --collect-only "$@" -m timing | grep '::' \
-        | grep -Fxf "$LOGS/$tag.ids" || true; } > "$LOGS/$tag.timing.ids"
-    echo "$(wc -l < "$LOGS/$tag.ids") tests over $n GPU(s), $k process(es) each; $(wc -l < "$LOGS/$tag.timing.ids") timing tests after, alone"
+    # Tests marked `timing` (they compare measured times) or `alone` (they size by the GPU's free memory) run
+    # after the shards, one process on GPU 0. The later -m wins over one in "$@"; the grep keeps only tests the
+    # selection itself collected.
+    { python3 -m pytest -q -p no:cacheprovider --collect-only "$@" -m "timing or alone" | grep '::' \
+        | grep -Fxf "$LOGS/$tag.ids" || true; } > "$LOGS/$tag.alone.ids"
+    echo "$(wc -l < "$LOGS/$tag.ids") tests over $n GPU(s), $k process(es) each; $(wc -l < "$LOGS/$tag.alone.ids") tests after, alone"
     for ((i = 0; i < m; i++)); do
-        grep -vFxf "$LOGS/$tag.timing.ids" "$LOGS/$tag.ids" | awk -v m="$m" -v i="$i" 'NR % m == i' > "$LOGS/$tag.ids.$i"
+        grep -vFxf "$LOGS/$tag.alone.ids" "$LOGS/$tag.ids" | awk -v m="$m" -v i="$i" 'NR % m == i' > "$LOGS/$tag.ids.$i"
         mapfile -t ids < "$LOGS/$tag.ids.$i"
         [ ${#ids[@]} -eq 0 ] && continue
         CUDA_VISIBLE_DEVICES=$((i % n)) python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/$tag.shard$i.log" 2>&1 &
         pids+=($!)
     done
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
-    if [ -s "$LOGS/$tag.timing.ids" ]; then
-        mapfile -t ids < "$LOGS/$tag.timing.ids"
-        CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/$tag.timing.log" 2>&1 || rc=1
+    if [ -s "$LOGS/$tag.alone.ids" ]; then
+        mapfile -t ids < "$LOGS/$tag.alone.ids"
+        CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/$tag.alone.log" 2>&1 || rc=1
     fi
     for ((i = 0; i < m; i++)); do [ -f "$LOGS/$tag.shard$i.log" ] && { echo "shard $i:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.shard$i.log" | tail -n 20; }; done
-    [ -f "$LOGS/$tag.timing.log" ] && { echo "timing, alone:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.timing.log" | tail -n 20; }
+    [ -f "$LOGS/$tag.alone.log" ] && { echo "alone:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.alone.log" | tail -n 20; }
     return $rc
 }
 REPORT='^=== |Elapsed \(total\)|Throughput \(completion\)|Ratio|x floor|floor|^Scheduler|^Steps|^Decode-only'

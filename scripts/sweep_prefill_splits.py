@@ -116,14 +116,18 @@ def main() -> None:
     dev = torch.device("cuda")
     settings = [(int(k), int(p)) for k in args.min_keys.split(",") for p in args.programs_per_sm.split(",")]
     header = "".join(f"{f'k{k}/p{p}':>9s}" for k, p in settings)
-    print(f"{'shape':14s}{'case':18s}{'grid':>6s}{'none':>6s}{'var':>6s}{'default':>8s}" + header + " programs")
+    print(
+        f"{'shape':14s}{'case':18s}{'grid':>6s}{'none':>6s}{'var':>6s}{'default':>8s}" + header + " programs"
+    )
     for shape, heads in HEADS.items():
         default = key_split_for(heads[0], heads[2], torch.bfloat16, dev)
         for name, case in CASES.items():
             inputs = build(case, heads)
             q, k, v, tables, qsl, sl, _, _, longest = inputs
             grid = bench(
-                functools.partial(paged_prefill_attention, q, k, v, tables, qsl, sl, longest, heads[2] ** -0.5)
+                functools.partial(
+                    paged_prefill_attention, q, k, v, tables, qsl, sl, longest, heads[2] ** -0.5
+                )
             )
             us, used = time_map(inputs, case, heads, default)
             cells = [

@@ -94,7 +94,9 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(HEADS))
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(KV_CACHE_DTYPES))
-    parser.add_argument("--fp8-dots", default="", help="e.g. bf16,fp16: each dot type an fp8 cache's K/V widen to")
+    parser.add_argument(
+        "--fp8-dots", default="", help="e.g. bf16,fp16: each dot type an fp8 cache's K/V widen to"
+    )
     args = parser.parse_args()
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
     dot_types = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -103,7 +105,8 @@ def main() -> None:
     cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, torch.bfloat16)
     print(f"K/V cache {cache_dtype}")
     head = [
-        "x".join(map(str, t)) + (f" {str(dot).removeprefix('torch.')}" if dot else "") + " us" for t, dot in columns
+        "x".join(map(str, t)) + (f" {str(dot).removeprefix('torch.')}" if dot else "") + " us"
+        for t, dot in columns
     ]
     print(f"{'shape':14s}{'case':20s}" + "".join(f"{h:>24s}" for h in head))
     for shape in args.shapes.split(","):

@@ -13,6 +13,7 @@ from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.entrypoints.arg_types import memory_fraction
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
 
@@ -142,7 +143,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
     engine.add_argument("--max-num-seqs", type=int, default=None)
     engine.add_argument("--max-num-batched-tokens", type=int, default=None)
     engine.add_argument("--block-size", type=int, default=None)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=None)
+    engine.add_argument("--gpu-memory-utilization", type=memory_fraction, default=None)
     engine.add_argument("--num-kv-blocks", type=int, default=None)
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--attention-backend", default=None)

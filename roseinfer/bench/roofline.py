@@ -31,6 +31,7 @@ from roseinfer.bench.env import (
 )
 from roseinfer.bench.plots import plot_roofline, report_plot_path
 from roseinfer.config import DTYPE_CHOICES, ModelConfig
+from roseinfer.entrypoints.arg_types import memory_fraction
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.models.layers import ForwardContext
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="decode steps as a PDL chain of Triton kernels (default on, where it applies: llama.decode_chain)",
     )
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--gpu-memory-utilization", type=memory_fraction, default=0.9)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
     )

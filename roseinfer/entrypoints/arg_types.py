@@ -60,6 +60,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def memory_fraction(text: str) -> float:
+    """A share of the GPU's memory in (0, 1] (gpu_memory_utilization)."""
+    value = _finite_float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def token_ids(text: str) -> list[int]:
     """Comma- (or space-) separated token ids >= 0."""
     try:

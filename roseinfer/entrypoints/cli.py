@@ -19,6 +19,7 @@ from roseinfer.entrypoints.arg_types import (
     additive_penalty,
     logit_bias_map,
     logprob_count,
+    memory_fraction,
     non_negative_int,
     positive_float,
     positive_int,
@@ -157,6 +158,18 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV cache element type: auto (the model's) or fp8 (= fp8_e4m3) / fp8_e5m2",
     )
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=memory_fraction,
+        default=0.9,
+        help="share of the GPU's memory the engine takes, its KV cache included",
+    )
+    parser.add_argument(
+        "--num-kv-blocks",
+        type=positive_int,
+        default=None,
+        help="KV cache blocks (default: sized from the memory)",
+    )
     cache = parser.add_argument_group("prefix cache")
     cache.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     cache.add_argument(
@@ -187,6 +200,8 @@ def run_generate(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,
         pinned_prefixes=args.pin_prefix,
         pin_prefix_file=args.pin_prefix_file,

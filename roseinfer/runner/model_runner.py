@@ -21,6 +21,7 @@ from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
+from roseinfer.runner.kv_sizing import GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
 from roseinfer.runner.penalties import StepPenalties
@@ -146,15 +147,9 @@ class ModelRunner:
         if self.device.type != "cuda":
             return max(1, cache.cpu_kv_tokens // self.block_size)
         peak = self.profile_peak_memory()
-        total = torch.cuda.mem_get_info(self.device)[1]
-        available = int(total * cache.gpu_memory_utilization) - peak
-        num_blocks = available // self.block_bytes()
-        if num_blocks < 1:
-            raise RuntimeError(
-                f"no GPU memory left for the KV cache: peak use {peak / 2**30:.2f} GiB of "
-                f"{total / 2**30:.2f} GiB at gpu_memory_utilization={cache.gpu_memory_utilization}"
-            )
-        return num_blocks
+        free, total = torch.cuda.mem_get_info(self.device)
+        mem = GpuMemory(total=total, free=free, reserved=torch.cuda.memory_reserved(self.device), peak=peak)
+        return kv_cache_num_blocks(mem, cache.gpu_memory_utilization, self.block_bytes())
 
     @torch.inference_mode()
     def profile_peak_memory(self) -> int:

@@ -140,6 +140,7 @@ def test_prefix_cache_and_preemption_on_gpu(model_dir):
     assert on.engine.core.scheduler.num_preemptions > 0
 
 
+@pytest.mark.alone  # sizes its engines by the GPU's free memory
 def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
     """A dropped engine caught in a reference cycle (its owner's here) lives until gc runs; the next engine
     collects it before measuring memory, and sizes its cache as the first did."""
@@ -158,6 +159,7 @@ def test_a_dropped_engine_leaves_the_next_one_the_whole_gpu(llama_dir):
         gc.enable()
 
 
+@pytest.mark.alone  # sizes its engines by the GPU's free memory
 def test_a_dropped_engine_with_graphs_frees_the_gpu_at_once(llama_dir):
     """Nothing ties a graphed engine in a cycle: dropping it frees its cache without the cyclic collector."""
     kwargs = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3)

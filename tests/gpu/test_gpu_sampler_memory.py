@@ -20,7 +20,7 @@ from roseinfer.runner.inputs import one_prefill_step, upload_step
 from roseinfer.runner.model_runner import ModelRunner
 from tests.gpu.conftest import free_gpu
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.alone]  # its engine takes 0.9 of the GPU
 
 MAX_SEQS, BUDGET, UTIL, MAX_LOGPROBS = 256, 2048, 0.9, 20
 
