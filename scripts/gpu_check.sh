@@ -38,7 +38,7 @@ sharded_pytest() {
     m=$((n * k))
     python3 -m pytest -q -p no:cacheprovider --collect-only "$@" | grep '::' > "$LOGS/$tag.ids" || return 1
     # Tests marked `timing` (they compare measured times) or `alone` (they size by the GPU's free memory) run
-    # after the shards, one process on GPU 0. The later -m wins over one in "$@"; the grep keeps only tests the
+    # after the shards on GPU 0, one process each. The later -m wins over one in "$@"; the grep keeps only tests the
     # selection itself collected.
     { python3 -m pytest -q -p no:cacheprovider --collect-only "$@" -m "timing or alone" | grep '::' \
         | grep -Fxf "$LOGS/$tag.ids" || true; } > "$LOGS/$tag.alone.ids"
@@ -51,10 +51,10 @@ sharded_pytest() {
         pids+=($!)
     done
     for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
-    if [ -s "$LOGS/$tag.alone.ids" ]; then
-        mapfile -t ids < "$LOGS/$tag.alone.ids"
-        CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider "${ids[@]}" > "$LOGS/$tag.alone.log" 2>&1 || rc=1
-    fi
+    # Each in its own process: what an earlier test left in a process moves its memory peak (a few hundred KB).
+    while read -r id; do
+        CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider "$id" < /dev/null >> "$LOGS/$tag.alone.log" 2>&1 || rc=1
+    done < "$LOGS/$tag.alone.ids"
     for ((i = 0; i < m; i++)); do [ -f "$LOGS/$tag.shard$i.log" ] && { echo "shard $i:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.shard$i.log" | tail -n 20; }; done
     [ -f "$LOGS/$tag.alone.log" ] && { echo "alone:"; grep -E '^(FAILED|ERROR)|passed|failed' "$LOGS/$tag.alone.log" | tail -n 20; }
     return $rc
