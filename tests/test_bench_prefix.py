@@ -212,7 +212,9 @@ def test_probe_counts_prompt_tokens_of_full_hits():
     while engine.has_unfinished_requests():
         engine.step()
     assert probe.prompt_tokens_computed == 48 + 1 + 1
-    assert probe.prefill_steps == 3 and probe.hit_tokens == 2 * 48
+    # A hit counts the tokens served from the cache, as num_cached_tokens does: hits and computed add up.
+    assert probe.prefill_steps == 3 and probe.hit_tokens == 2 * 47
+    assert probe.hit_tokens + probe.prompt_tokens_computed == probe.queried_tokens == 3 * 48
     assert probe.copies == 2 and probe.copy_launches == 2  # the cached last block, copied on write
 
 

@@ -21,6 +21,7 @@ from roseinfer.engine.request_outputs import RequestGroup
 from roseinfer.logprobs import (
     num_logprobs,
 )
+from roseinfer.metrics import Metric, engine_metrics
 from roseinfer.outputs import RequestOutput
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
@@ -47,6 +48,7 @@ class LLMEngine:
         self.core = EngineCore(config, model_path, model)
         self.groups: dict[str, RequestGroup] = {}
         self.num_generated_tokens = 0
+        self.num_prompt_tokens = 0  # of the requests add_request took
         self._ids = itertools.count()
         # What a failed step raised: its state is half updated (tokens pending that no step resolves, blocks
         # registered whose KV was never computed), so, as vLLM, the engine serves nothing more.
@@ -217,7 +219,12 @@ class LLMEngine:
             )
         self.groups[rid] = RequestGroup(req, self)
         self.core.add_request(req)
+        self.num_prompt_tokens += len(ids)
         return rid
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges now, as vLLM v1's `get_metrics()` (`roseinfer/metrics.py`)."""
+        return engine_metrics(self)
 
     def detokenizer(self, req: Request) -> Any | None:
         """The sample's incremental detokenizer; None where it has no text (no tokenizer, or detokenize off)."""

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from roseinfer.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from roseinfer.engine.llm_engine import LLMEngine, Prompt, default_device
 from roseinfer.entrypoints.beam_search import BeamSearchOutput, BeamSearchParams, run_beam_search
+from roseinfer.metrics import Metric
 from roseinfer.models.loader import resolve_model_path
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams
@@ -243,6 +244,12 @@ class LLM:
         input order, holding its best `params.beam_width` beams, best first. Prompts as `generate` takes them;
         a bad one raises a ValueError naming it before anything runs."""
         return run_beam_search(self, _as_batch(prompts), params, use_tqdm)
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges now (`roseinfer.metrics`: Counter and Gauge, each a name, labels and a
+        value), as vLLM v1's `LLM.get_metrics()`: requests running and waiting, KV cache usage, prefix-cache
+        queries and hits (tokens), preemptions, prompt and generated tokens, finished requests by reason."""
+        return self.engine.get_metrics()
 
     def _run(self, index: dict[str, int], results: list[RequestOutput | None], use_tqdm: bool) -> None:
         """Steps the engine until it is idle; the output of request `rid` goes to `results[index[rid]]`."""

@@ -79,6 +79,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the newest
         self.num_preemptions = 0
+        self.num_finished: dict[
+            str, int
+        ] = {}  # requests finished, by RequestStatus value (stop, length, abort)
         self.num_steps = 0
         self._promised = 0
 
@@ -102,6 +105,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = status
         req.finished_time = time.monotonic()
+        self.num_finished[status.value] = self.num_finished.get(status.value, 0) + 1
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, go back to the front of the queue."""
@@ -232,7 +236,7 @@ class Scheduler:
                 or num_new > self.config.max_num_batched_tokens
             ):
                 break
-            hit = self.kv.admit(req, prefix)
+            self.kv.admit(req, prefix)
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(req, num_new):
                 self.kv.free(req)
@@ -240,7 +244,9 @@ class Scheduler:
                 break
             if form_batch:  # blocks it still needs for its whole prompt
                 self._promised += self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
-            self.kv.count_query(req.num_tokens, hit)
+            # The tokens served from the cache, as `num_cached_tokens` reports them: a whole-prompt hit still
+            # computes its last token.
+            self.kv.count_query(req.num_tokens, req.num_computed_tokens)
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = req.num_computed_tokens
