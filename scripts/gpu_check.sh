@@ -4,7 +4,7 @@
 #   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
-#             layouts, policy, mixed, ttft, splits, tail, ncu (on request)
+#             layouts, policy, mixed, ttft, splits, tail, serve, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz.
@@ -112,6 +112,9 @@ for s in "${sections[@]}"; do
           run w2-llama-lof-$b-$k "$REPORT" $RI bench throughput --model-shape llama-3.1-8b --workload W2 --mode continuous --no-roofline --admission-policy lof --max-num-batched-tokens $b --$k --json "$LOGS/w2_llama_lof_${b}_$k.json"
         done
       done ;;
+    serve)  # W8 online: rates double from 8 req/s until output tok/s stops growing, qwen2.5-0.5b then llama-3.1-8b
+      run serve-qwen '^(=== |rate|-|[ 0-9]|W8|plot)' $RI bench serve --model-shape qwen2.5-0.5b --no-progress --json "$LOGS/serve_qwen.json"
+      run serve-llama '^(=== |rate|-|[ 0-9]|W8|plot)' $RI bench serve --model-shape llama-3.1-8b --start-rate 4 --no-progress --json "$LOGS/serve_llama.json" ;;
     prefix)
       for w in W4 W5 cow-micro W2; do
         run prefix-$w '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload $w --no-progress --json "$LOGS/prefix_$w.json"

@@ -248,7 +248,7 @@ def test_bench_w3_runs_every_rate_on_its_own_stream_cache_off_then_on(monkeypatc
         return OnlineResult(rate, [0.1] * workload.num_requests, e2e, [0] * workload.num_requests, 10.0, 1)
 
     monkeypatch.setattr(prefix_online, "run_online", fake_run)
-    monkeypatch.setattr(prefix_online, "_warm_up", lambda engine, w: warmed.append(w))
+    monkeypatch.setattr(prefix_online, "warm_up_online", lambda engine, w: warmed.append(w))
     bench = SimpleNamespace(
         args=args, model_config=SimpleNamespace(vocab_size=vocab), make_engine=make_engine, free=lambda: None,
         progress=False,

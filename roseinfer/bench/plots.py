@@ -57,6 +57,36 @@ def plot_w3(w3: dict[str, Any], path: str) -> str | None:
     return path
 
 
+def plot_w8(report: dict[str, Any], path: str) -> str | None:
+    """W8: TTFT and TPOT (p50, p99) and output tokens/s against the offered arrival rate."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    rows = sorted(report["rows"], key=lambda r: r["rate"])
+    rates = [r["rate"] for r in rows]
+    fig, (ax_lat, ax_tput) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, color in (("ttft", "tab:blue"), ("tpot", "tab:orange")):
+        for q, style in (("p50", "o-"), ("p99", "s--")):
+            ax_lat.plot(
+                rates, [r[f"{name}_{q}_ms"] for r in rows], style, color=color, label=f"{name.upper()} {q}"
+            )
+    ax_tput.plot(rates, [r["output_tok_s"] for r in rows], "o-", label="output tok/s")
+    if report.get("saturated_at") is not None:
+        ax_tput.axvline(report["saturated_at"], color="gray", linestyle=":", label="saturated")
+    ax_lat.set(xlabel="arrival rate (req/s)", ylabel="ms", title="W8 latency", xscale="log", yscale="log")
+    ax_tput.set(xlabel="arrival rate (req/s)", ylabel="output tok/s", title="W8 throughput", xscale="log")
+    for ax in (ax_lat, ax_tput):
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(_title(report.get("header", {})))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def roofline_series(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What the roofline plot draws, from `bench roofline`'s rows (skipped rows left out): per decode context,
     the batches and both timings as multiples of the floor; the prefill token counts and % of the matmul rate."""
@@ -128,16 +158,20 @@ def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
     workload = report.get("header", {}).get("workload")
     if workload == "roofline" and "rows" in report:
         return {"roofline": plot_roofline(report, report_plot_path(base, "roofline"))}
+    if workload == "W8" and "rows" in report:
+        return {"W8": plot_w8(report, report_plot_path(base, "W8"))}
     if "W3" in report.get("results", {}):
         return {"W3": plot_w3(report["results"]["W3"], report_plot_path(base, "W3"))}
     raise ValueError(
-        f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline` and for"
-        " `bench prefix` reports with W3"
+        f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline`, `bench serve`"
+        " and `bench prefix` reports with W3"
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("report", help="a report that `bench roofline` or `bench prefix` wrote with --json")
+    parser.add_argument(
+        "report", help="a report that `bench roofline`, `bench serve` or `bench prefix` wrote with --json"
+    )
     parser.add_argument(
         "--out",
         default=None,

@@ -157,7 +157,7 @@ def run_online(
     return OnlineResult(rate, ttft, e2e, cached, wall, completion)
 
 
-def _warm_up(engine: LLMEngine, workload: Workload, num_alone: int = 4) -> None:
+def warm_up_online(engine: LLMEngine, workload: Workload, num_alone: int = 4) -> None:
     """Most warm-up prompts at once, the last few one at a time: an online run's steps (one prompt
     alone, a prompt beside decodes) have launch shapes an offline batch never makes, and each new shape
     that Triton specialises on would otherwise compile inside the measurement. Every prompt is distinct,
@@ -240,7 +240,7 @@ def _w3_one(
     slo: float,
 ) -> list[dict[str, Any]]:
     engine = bench.make_engine(sizing, cache)
-    _warm_up(engine, warm)
+    warm_up_online(engine, warm)
     rows = []
     for i, (rate, workload) in enumerate(zip(rates, streams)):
         offsets = poisson_offsets(workload.num_requests, rate, bench.args.seed, i + 1)

@@ -51,6 +51,10 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
         "offline throughput of a workload; naive/static/continuous; HF peer",
     ),
     "prefix": ("roseinfer.bench.prefix", "prefix caching on vs off: W4, W3 online, W5 COW, cow-micro, W2"),
+    "serve": (
+        "roseinfer.bench.serve",
+        "W8 online serving: TTFT, TPOT, ITL, E2E by arrival rate, to saturation",
+    ),
     "plot": ("roseinfer.bench.plots", "draw a saved roofline or prefix report (--json) as PNG plots"),
 }
 

@@ -1,0 +1,299 @@
+"""`roseinfer bench serve`: WORKLOADS.md W8 (serve-random), online serving latency and throughput by arrival rate.
+
+    roseinfer bench serve --model-shape qwen2.5-0.5b --json out/serve.json
+
+Random prompts of 512 tokens ask for 128 tokens each (greedy, ignore_eos), arriving as a Poisson process, driven
+in-process on the engine's clock as W3 is (`prefix_online.run_online`), but streamed: every engine step's outputs
+(DELTA) are stamped when the step returns. Per rate it reports, each as mean / p50 / p95 / p99:
+- TTFT: first token - arrival (queueing before admission counts: arrival is the scheduled one);
+- TPOT: (last token - first token) / (output tokens - 1), one value a request;
+- ITL: the gap between a request's consecutive outputs, split evenly over the tokens the later one brought (a
+  step of async scheduling can bring two), one value a token after the first output;
+- E2E: last token - arrival;
+and the achieved request rate and output tokens/s over the run (the drain after the last arrival included).
+
+Rates double from `--start-rate` until saturation: the first rate whose output tokens/s grew less than 10% over
+the rate before it (the engine cannot take more), or `--max-rate`; `--rates` gives a fixed list instead. Each rate
+draws its own prompts (stream k = its index + 1; the warm-up is stream 0) and arrival gaps, from `--seed`.
+
+The comparison is offered against achieved: HF transformers has no online server to set beside it, and the
+hardware floor of an open-loop run is its offered load. `bench throughput` holds the offline comparisons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from roseinfer.bench.device import sync
+from roseinfer.bench.engine_run import add_engine_arguments, engine_kwargs
+from roseinfer.bench.env import bench_header, format_header
+from roseinfer.bench.plots import plot_w8, report_plot_path
+from roseinfer.bench.prefix_common import format_table, percentile
+from roseinfer.bench.prefix_online import poisson_offsets, warm_up_online
+from roseinfer.bench.workloads import Workload, token_id_range
+from roseinfer.config import DTYPE_CHOICES
+from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.entrypoints.arg_types import positive_float, positive_int, torch_device
+from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.models.loader import DEFAULT_MODEL
+from roseinfer.sampling_params import RequestOutputKind, SamplingParams
+
+W8_PROMPT_LEN = 512
+W8_OUTPUT_LEN = 128
+W8_NUM_REQUESTS = 256  # a rate
+W8_START_RATE = 8.0
+W8_MAX_RATE = 1024.0
+W8_WARMUP_REQUESTS = 32
+SATURATION_GROWTH = 1.10  # output tok/s must grow by this much from one rate to the next, or the sweep stops
+LATENCIES = ("ttft", "tpot", "itl", "e2e")
+
+
+def build_w8(
+    vocab_size: int,
+    num_requests: int,
+    stream: int,
+    *,
+    prompt_len: int = W8_PROMPT_LEN,
+    output_len: int = W8_OUTPUT_LEN,
+    seed: int = 0,
+) -> Workload:
+    """W8's requests of one stream: random token ids from `default_rng([seed, stream])`."""
+    low, high = token_id_range(vocab_size)
+    rng = np.random.default_rng([seed, stream])
+    prompts = [rng.integers(low, high, size=prompt_len).tolist() for _ in range(num_requests)]
+    params = [
+        SamplingParams(
+            temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
+        for _ in prompts
+    ]
+    standard = (prompt_len, output_len, num_requests) == (W8_PROMPT_LEN, W8_OUTPUT_LEN, W8_NUM_REQUESTS)
+    description = (
+        f"{num_requests} requests a rate, {prompt_len} random prompt tokens, {output_len} output tokens"
+    )
+    return Workload("W8", description, prompts, params, seed, not standard)
+
+
+@dataclass
+class ServeResult:
+    rate: float
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    output_tokens: int = 0
+
+    def row(self) -> dict[str, Any]:
+        wall = self.wall_s if self.wall_s > 0 else float("nan")
+        row: dict[str, Any] = {
+            "rate": self.rate,
+            "requests": len(self.e2e),
+            "achieved_req_s": len(self.e2e) / wall,
+            "output_tok_s": self.output_tokens / wall,
+        }
+        for name in LATENCIES:
+            values = getattr(self, name)
+            row[f"{name}_mean_ms"] = statistics.fmean(values) * 1e3 if values else float("nan")
+            for q in (50, 95, 99):
+                row[f"{name}_p{q}_ms"] = percentile(values, q) * 1e3
+        return row
+
+
+def run_serving(
+    engine: LLMEngine,
+    workload: Workload,
+    offsets: np.ndarray,
+    rate: float,
+    desc: str = "",
+    progress: bool = True,
+) -> ServeResult:
+    """Replays `workload` with request i arriving `offsets[i]` s after the start; the latencies of every request.
+
+    Each loop turn adds every request whose arrival has come (its scheduled arrival as arrival_time), then steps
+    the engine if it has work, else sleeps until the next arrival. An output's tokens are stamped when the step
+    that returned them does."""
+    n = workload.num_requests
+    result = ServeResult(rate)
+    arrival: dict[str, float] = {}
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    count: dict[str, int] = {}
+    sync(engine.config.device)
+    start = time.monotonic() + 1e-3
+    arrivals = (start + offsets).tolist()
+    nxt = 0
+    with tqdm(total=n, desc=desc, unit="req", disable=not progress, leave=False) as bar:
+        while len(result.e2e) < n:
+            now = time.monotonic()
+            while nxt < n and arrivals[nxt] <= now:
+                rid = f"w8-{nxt}"
+                engine.add_request(
+                    workload.prompts[nxt], workload.params[nxt], rid, arrival_time=arrivals[nxt]
+                )
+                arrival[rid] = arrivals[nxt]
+                nxt += 1
+            if not engine.has_unfinished_requests():
+                if nxt < n:
+                    time.sleep(max(0.0, arrivals[nxt] - time.monotonic()))
+                continue
+            outs = engine.step()
+            now = time.monotonic()
+            for out in outs:
+                rid, new = out.request_id, len(out.outputs[0].token_ids)
+                if new:
+                    if rid not in first:
+                        first[rid] = now
+                        result.ttft.append(now - arrival[rid])
+                    else:
+                        result.itl += [(now - last[rid]) / new] * new
+                    last[rid] = now
+                    count[rid] = count.get(rid, 0) + new
+                if out.finished:
+                    result.e2e.append(last[rid] - arrival[rid])
+                    if count[rid] > 1:
+                        result.tpot.append((last[rid] - first[rid]) / (count[rid] - 1))
+                    result.output_tokens += count[rid]
+                    bar.update(1)
+    result.wall_s = time.monotonic() - start
+    return result
+
+
+def sweep_rates(args: argparse.Namespace) -> list[float]:
+    """The fixed `--rates`, else start, 2 x start, ... up to `--max-rate` (the sweep may stop early)."""
+    if args.rates is not None:
+        return list(args.rates)
+    rates, rate = [], args.start_rate
+    while rate <= args.max_rate:
+        rates.append(rate)
+        rate *= 2
+    return rates
+
+
+def saturated(rows: list[dict[str, Any]]) -> bool:
+    """Whether the last rate's output tok/s grew less than SATURATION_GROWTH over the rate before it."""
+    return len(rows) >= 2 and not rows[-1]["output_tok_s"] >= SATURATION_GROWTH * rows[-2]["output_tok_s"]
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
+    if not rates or any(not (math.isfinite(r) and r > 0) for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be finite and > 0, got {text!r}")
+    return rates
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
+    src.add_argument("--model", default=None, help="HF model directory or config.json (dummy weights)")
+    parser.add_argument("--num-requests", type=positive_int, default=W8_NUM_REQUESTS, help="requests a rate")
+    parser.add_argument("--prompt-len", type=positive_int, default=W8_PROMPT_LEN)
+    parser.add_argument("--output-len", type=positive_int, default=W8_OUTPUT_LEN)
+    parser.add_argument(
+        "--rates", type=parse_rates, default=None, help="fixed arrival rates, req/s (no sweep)"
+    )
+    parser.add_argument(
+        "--start-rate", type=positive_float, default=W8_START_RATE, help="the sweep's first rate"
+    )
+    parser.add_argument("--max-rate", type=positive_float, default=W8_MAX_RATE, help="the sweep's last rate")
+    parser.add_argument("--warmup-requests", type=positive_int, default=W8_WARMUP_REQUESTS)
+    parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals seed")
+    parser.add_argument("--device", default=None, type=torch_device)
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    add_engine_arguments(parser, prefix_caching_flag=True)
+
+
+COLUMNS = [
+    ("rate", "rate req/s", "g"),
+    ("achieved_req_s", "done req/s", ".2f"),
+    ("output_tok_s", "out tok/s", ".0f"),
+    *(
+        (f"{name}_{stat}_ms", f"{name.upper()} {stat} ms", ".1f")
+        for name in ("ttft", "tpot")
+        for stat in ("mean", "p50", "p99")
+    ),
+    ("itl_p50_ms", "ITL p50 ms", ".1f"),
+    ("itl_p95_ms", "ITL p95 ms", ".1f"),
+    ("itl_p99_ms", "ITL p99 ms", ".1f"),
+    ("e2e_p99_ms", "E2E p99 ms", ".0f"),
+]
+
+
+def run_serve(args: argparse.Namespace) -> dict[str, Any]:
+    """Runs the command; prints the report and returns every number (also written to --json)."""
+    model = args.model or args.model_shape or DEFAULT_MODEL
+    shape = os.path.basename(os.path.normpath(model)).removesuffix(".json")
+    probe, _ = make_engine_config(model, load_format="dummy", dtype=args.dtype, device=args.device)
+    vocab = probe.model_config.vocab_size
+    lengths = {"prompt_len": args.prompt_len, "output_len": args.output_len, "seed": args.seed}
+    rates = sweep_rates(args)
+    streams = [build_w8(vocab, args.num_requests, i + 1, **lengths) for i in range(len(rates))]
+    warm = build_w8(vocab, args.warmup_requests, 0, **lengths)
+    header = bench_header(
+        "W8",
+        shape,
+        command=getattr(args, "argv", None),
+        device=probe.device,
+        dtype=str(probe.dtype).removeprefix("torch."),
+        compare="offered against achieved rate (no HF server to compare with; see `bench throughput`)",
+        scaled=streams[0].scaled,
+    )
+    print(format_header(header), flush=True)
+    config, path = make_engine_config(model, **engine_kwargs(args, streams[0], "continuous"))
+    engine = LLMEngine(config, path)
+    warm_up_online(engine, warm)
+    rows: list[dict[str, Any]] = []
+    for i, (rate, workload) in enumerate(zip(rates, streams)):
+        offsets = poisson_offsets(workload.num_requests, rate, args.seed, i + 1)
+        result = run_serving(engine, workload, offsets, rate, f"W8 @ {rate:g} req/s", not args.no_progress)
+        rows.append(result.row())
+        if args.rates is None and saturated(rows):
+            break
+    sat = rows[-1]["rate"] if args.rates is None and saturated(rows) else None
+    text = format_table(f"W8 serve-random: {streams[0].description}; Poisson arrivals", COLUMNS, rows)
+    if args.rates is None:
+        text += (
+            f"\nW8 saturation: output tok/s grew < {SATURATION_GROWTH - 1:.0%} from {rows[-2]['rate']:g} to {sat:g} req/s"
+            if sat is not None
+            else f"\nW8 not saturated up to {rows[-1]['rate']:g} req/s"
+        )
+    print(text, flush=True)
+    report = {
+        "header": header,
+        "workload": streams[0].summary()
+        | {"rates": [r["rate"] for r in rows], "warmup_requests": warm.num_requests},
+        "rows": rows,
+        "saturated_at": sat,
+        "plots": {},
+    }
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        made = plot_w8(report, report_plot_path(args.json, "W8"))
+        if made:
+            report["plots"]["W8"] = made
+            print(f"plot: {made}", flush=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    run_serve(args)
+    return 0

@@ -1,0 +1,145 @@
+"""`roseinfer bench serve` (W8): the latency arithmetic on a scripted engine and clock, the sweep's stop rule, the
+workload's draws, and one small run end to end on the built-in model (its report, table and plot)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from roseinfer.bench import plots, serve
+from roseinfer.entrypoints.cli import main
+from roseinfer.sampling_params import RequestOutputKind
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class ScriptedEngine:
+    """Each step takes STEP s and gives every admitted request the next entry of its plan (tokens that step)."""
+
+    STEP = 0.1
+
+    def __init__(self, clock: Clock, plans: dict[str, list[int]]) -> None:
+        self.clock, self.plans = clock, plans
+        self.config = SimpleNamespace(device=torch.device("cpu"))
+        self.active: dict[str, list[int]] = {}
+        self.arrivals: dict[str, float] = {}
+
+    def add_request(self, prompt, params, request_id, arrival_time):
+        self.active[request_id] = list(self.plans[request_id])
+        self.arrivals[request_id] = arrival_time
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.active)
+
+    def step(self):
+        self.clock.t += self.STEP
+        outs = []
+        for rid in list(self.active):
+            new = self.active[rid].pop(0)
+            done = not self.active[rid]
+            outs.append(
+                SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=[7] * new)], finished=done)
+            )
+            if done:
+                del self.active[rid]
+        return outs
+
+
+def test_latencies_on_a_scripted_engine(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(serve, "time", clock)
+    # w8-0 arrives at once and gets 1, then 2 (a step of async scheduling), then 1 token; w8-1 arrives 0.25 s later
+    # and gets its one token in the first step after it is added.
+    engine = ScriptedEngine(clock, {"w8-0": [1, 2, 1], "w8-1": [1]})
+    workload = serve.build_w8(500, 2, 1, prompt_len=3, output_len=4)
+    result = serve.run_serving(engine, workload, np.array([0.0, 0.25]), 4.0, progress=False)
+    start = 0.001  # the driver starts its clock 1 ms ahead
+    assert engine.arrivals == pytest.approx({"w8-0": start, "w8-1": start + 0.25})
+    assert result.ttft == pytest.approx([0.1, 0.15])  # w8-1 waits for w8-0's step in flight, then one step
+    assert result.itl == pytest.approx([0.05, 0.05, 0.1])  # the two-token step's gap split between its tokens
+    assert result.tpot == pytest.approx([0.2 / 3])  # w8-1's one token has no TPOT
+    assert result.e2e == pytest.approx([0.3, 0.15])
+    assert result.output_tokens == 5 and result.wall_s == pytest.approx(0.4)
+    row = result.row()
+    assert row["requests"] == 2 and row["achieved_req_s"] == pytest.approx(5.0)
+    assert row["output_tok_s"] == pytest.approx(12.5)
+    assert row["ttft_mean_ms"] == pytest.approx(125.0) and row["ttft_p50_ms"] == pytest.approx(125.0)
+    assert row["itl_p50_ms"] == pytest.approx(50.0) and row["itl_p99_ms"] == pytest.approx(99.0)
+    assert row["e2e_p99_ms"] == pytest.approx(298.5) and row["tpot_p95_ms"] == pytest.approx(200 / 3)
+
+
+def test_an_idle_driver_sleeps_until_the_next_arrival(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(serve, "time", clock)
+    engine = ScriptedEngine(clock, {"w8-0": [1], "w8-1": [1]})
+    workload = serve.build_w8(500, 2, 1, prompt_len=3, output_len=1)
+    result = serve.run_serving(engine, workload, np.array([0.0, 2.0]), 0.5, progress=False)
+    assert result.ttft == pytest.approx([0.1, 0.1]) and result.wall_s == pytest.approx(2.1)
+
+
+def test_the_workload_draws():
+    a, b = serve.build_w8(32000, 3, 1, seed=5), serve.build_w8(32000, 3, 1, seed=5)
+    assert a.prompts == b.prompts and a.prompts != serve.build_w8(32000, 3, 2, seed=5).prompts
+    assert all(len(p) == 512 and 1000 <= min(p) and max(p) < 32000 for p in a.prompts)
+    assert all(
+        (s.max_tokens, s.temperature, s.ignore_eos, s.output_kind)
+        == (128, 0.0, True, RequestOutputKind.DELTA)
+        for s in a.params
+    )
+    assert a.id == "W8" and a.scaled
+    assert not serve.build_w8(32000, serve.W8_NUM_REQUESTS, 1).scaled
+
+
+def test_the_sweep_doubles_and_stops_when_throughput_stops_growing():
+    args = argparse.Namespace(rates=None, start_rate=8.0, max_rate=100.0)
+    assert serve.sweep_rates(args) == [8.0, 16.0, 32.0, 64.0]
+    assert serve.sweep_rates(argparse.Namespace(rates=[3.0, 1.0], start_rate=8.0, max_rate=9.0)) == [3.0, 1.0]
+
+    def rows(*tput: float) -> list[dict]:
+        return [{"output_tok_s": t} for t in tput]
+
+    assert not serve.saturated(rows(100.0))
+    assert not serve.saturated(rows(100.0, 110.5))
+    assert serve.saturated(rows(100.0, 109.5))
+    assert serve.saturated(rows(100.0, float("nan")))
+    for bad in ("", "0", "1,-2", "inf", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            serve.parse_rates(bad)
+
+
+def test_a_small_run_end_to_end(tmp_path, capsys):
+    path = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--num-requests", "6", "--prompt-len", "20", "--output-len", "5"]
+    argv += ["--rates", "50,400", "--warmup-requests", "2", "--no-progress", "--json", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "# workload    : W8" in out and "=== W8 serve-random: 6 requests a rate" in out
+    assert "saturation" not in out  # fixed rates: no sweep
+    report = json.loads(path.read_text())
+    assert report["header"]["scaled"] is True and report["saturated_at"] is None
+    assert [r["rate"] for r in report["rows"]] == [50.0, 400.0]
+    for row in report["rows"]:
+        assert row["requests"] == 6
+        assert row["output_tok_s"] * 6 / row["achieved_req_s"] == pytest.approx(
+            6 * 5
+        )  # every token came back
+        assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["e2e_p99_ms"]
+        assert row["itl_p50_ms"] > 0 and row["tpot_mean_ms"] > 0
+    if plots.pyplot() is not None:
+        assert report["plots"]["W8"] == str(tmp_path / "serve.W8.png")
+        assert (tmp_path / "serve.W8.png").stat().st_size > 0
+        assert plots.plot_report(report, str(tmp_path / "again")) == {"W8": str(tmp_path / "again.W8.png")}
