@@ -4,6 +4,7 @@ cached tokens, copy-on-write copies), plus the pieces the command is built from.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -28,6 +29,7 @@ from roseinfer.bench import (
 from roseinfer.bench.env import device_name
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.entrypoints import arg_types
 from roseinfer.entrypoints.cli import BENCH_COMMANDS, main
 from roseinfer.entrypoints.llm import make_engine_config
 
@@ -237,9 +239,13 @@ def test_w3_workload_shape_and_arrivals():
 
 
 def test_helpers():
-    assert prefix.parse_rates("1,2, 4") == [1.0, 2.0, 4.0]
-    with pytest.raises(Exception, match="positive"):
-        prefix.parse_rates("1,0")
+    assert arg_types.arrival_rates("1,2, 4") == [1.0, 2.0, 4.0]
+    assert arg_types.arrival_rates("8 inf") == [8.0, float("inf")]  # inf: every request at once
+    for bad in ("1,0", "nan", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive"):
+            arg_types.arrival_rates(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="comma-separated numbers"):
+        arg_types.arrival_rates("1,x")
     assert prefix.parse_workload("w3") == "W3"
     assert prefix.parse_workload("COW-micro") == "cow-micro"
     assert prefix.parse_workload("ALL") == "all"

@@ -58,11 +58,13 @@ def plot_w3(w3: dict[str, Any], path: str) -> str | None:
 
 
 def plot_w8(report: dict[str, Any], path: str) -> str | None:
-    """W8: TTFT and TPOT (p50, p99) and output tokens/s against the offered arrival rate."""
+    """W8: TTFT and TPOT (p50, p99) and output tokens/s against the offered arrival rate (finite rates only)."""
     plt = pyplot()
     if plt is None:
         return None
-    rows = sorted(report["rows"], key=lambda r: r["rate"])
+    rows = sorted((r for r in report["rows"] if math.isfinite(r["rate"])), key=lambda r: r["rate"])
+    if not rows:  # only `inf` (every request at once): no rate axis to draw on
+        return None
     rates = [r["rate"] for r in rows]
     fig, (ax_lat, ax_tput) = plt.subplots(1, 2, figsize=(11, 4))
     for name, color in (("ttft", "tab:blue"), ("tpot", "tab:orange")):

@@ -49,21 +49,11 @@ from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
 from roseinfer.bench.prefix_offline import bench_w2, bench_w4
 from roseinfer.bench.prefix_online import W3_WARMUP_REQUESTS, bench_w3
 from roseinfer.config import DTYPE_CHOICES
-from roseinfer.entrypoints.arg_types import positive_int, torch_device
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.models.loader import DEFAULT_MODEL
 
 WORKLOAD_IDS = ("W4", "W3", "W5", "cow-micro", "W2")  # the order of `--workload all`
-
-
-def parse_rates(text: str) -> list[float]:
-    try:
-        rates = [float(t) for t in text.replace(" ", ",").split(",") if t]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--rates must be comma-separated numbers: {e}") from e
-    if not rates or any(r <= 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"--rates must be positive, got {text!r}")
-    return rates
 
 
 def parse_workload(text: str) -> str:
@@ -86,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="shrink prompt lengths (W3: 9:1)")
     parser.add_argument("--max-output-len", type=int, default=None, help="shrink output lengths")
     parser.add_argument(
-        "--rates", type=parse_rates, default=None, help="W3 arrival rates (default 1,2,4,8,12,16)"
+        "--rates", type=arrival_rates, default=None, help="W3 arrival rates (default 1,2,4,8,12,16)"
     )
     parser.add_argument("--slo-p99-s", type=float, default=2.0, help="W3 SLO on p99 E2E latency, seconds")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
@@ -43,7 +42,7 @@ from roseinfer.bench.prefix_online import poisson_offsets, warm_up_online
 from roseinfer.bench.workloads import Workload, token_id_range
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.engine.llm_engine import LLMEngine
-from roseinfer.entrypoints.arg_types import positive_float, positive_int, torch_device
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int, torch_device
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams
@@ -185,16 +184,6 @@ def saturated(rows: list[dict[str, Any]]) -> bool:
     return len(rows) >= 2 and not rows[-1]["output_tok_s"] >= SATURATION_GROWTH * rows[-2]["output_tok_s"]
 
 
-def parse_rates(text: str) -> list[float]:
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
-    if not rates or any(not (math.isfinite(r) and r > 0) for r in rates):
-        raise argparse.ArgumentTypeError(f"rates must be finite and > 0, got {text!r}")
-    return rates
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
@@ -203,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=positive_int, default=W8_PROMPT_LEN)
     parser.add_argument("--output-len", type=positive_int, default=W8_OUTPUT_LEN)
     parser.add_argument(
-        "--rates", type=parse_rates, default=None, help="fixed arrival rates, req/s (no sweep)"
+        "--rates", type=arrival_rates, default=None, help="fixed arrival rates, req/s (no sweep)"
     )
     parser.add_argument(
         "--start-rate", type=positive_float, default=W8_START_RATE, help="the sweep's first rate"

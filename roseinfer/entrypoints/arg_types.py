@@ -68,6 +68,18 @@ def memory_fraction(text: str) -> float:
     return value
 
 
+def arrival_rates(text: str) -> list[float]:
+    """Request rates in req/s, separated by commas or spaces, each > 0; `inf` sends every request at once (as
+    vLLM's benchmark's default rate does)."""
+    try:
+        rates = [float(t) for t in text.replace(" ", ",").split(",") if t]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from e
+    if not rates or not all(r > 0 for r in rates):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"rates must be positive, got {text!r}")
+    return rates
+
+
 def token_ids(text: str) -> list[int]:
     """Comma- (or space-) separated token ids >= 0."""
     try:
