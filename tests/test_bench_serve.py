@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from roseinfer.bench import plots, serve
+from roseinfer.bench import env, plots, serve
 from roseinfer.entrypoints.cli import main
 from roseinfer.sampling_params import RequestOutputKind
 
@@ -119,7 +119,7 @@ def test_the_sweep_doubles_and_stops_when_throughput_stops_growing():
 
 
 def test_a_small_run_end_to_end(tmp_path, capsys):
-    path = tmp_path / "serve.json"
+    path = tmp_path / "not" / "yet" / "serve.json"  # the report's folder is made
     argv = ["bench", "serve", "--num-requests", "6", "--prompt-len", "20", "--output-len", "5"]
     argv += ["--rates", "50,400", "--warmup-requests", "2", "--no-progress", "--json", str(path)]
     assert main(argv) == 0
@@ -136,8 +136,8 @@ def test_a_small_run_end_to_end(tmp_path, capsys):
         )  # every token came back
         assert 0 < row["ttft_p50_ms"] <= row["ttft_p99_ms"] <= row["e2e_p99_ms"]
         assert row["itl_p50_ms"] > 0 and row["tpot_mean_ms"] > 0
-    assert report["plots"]["W8"] == str(tmp_path / "serve.W8.png")  # matplotlib is a dev extra
-    assert (tmp_path / "serve.W8.png").stat().st_size > 0
+    assert report["plots"]["W8"] == str(path.parent / "serve.W8.png")  # matplotlib is a dev extra
+    assert (path.parent / "serve.W8.png").stat().st_size > 0
     assert plots.plot_report(report, str(tmp_path / "again")) == {"W8": str(tmp_path / "again.W8.png")}
 
 
@@ -146,4 +146,12 @@ def test_the_plot_leaves_out_an_infinite_rate(tmp_path):
     report = {"header": {}, "rows": [row | {"rate": float("inf")}], "saturated_at": None}
     assert plots.plot_w8(report, str(tmp_path / "a.png")) is None
     report["rows"].append(row | {"rate": 4.0})
-    assert plots.plot_w8(report, str(tmp_path / "b.png")) == str(tmp_path / "b.png")
+    made = plots.plot_w8(report, str(tmp_path / "new" / "b.png"))  # its folder made
+    assert made == str(tmp_path / "new" / "b.png") and (tmp_path / "new" / "b.png").stat().st_size > 0
+
+
+def test_a_report_goes_into_a_folder_made_for_it(tmp_path):
+    path = tmp_path / "a" / "b" / "report.json"
+    env.write_json_report(str(path), {"rows": [1.5, float("inf")]}, indent=1)
+    assert json.loads(path.read_text()) == {"rows": [1.5, float("inf")]}
+    assert path.read_text().startswith('{\n "rows"')  # indent 1

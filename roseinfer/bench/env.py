@@ -8,6 +8,7 @@ the two limits a roofline floor is computed from.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import shlex
@@ -89,6 +90,13 @@ def bench_header(
     }
     header.update(extra)
     return header
+
+
+def write_json_report(path: str, report: dict[str, Any], indent: int = 2) -> None:
+    """Writes a bench report to `path` (its folder made if missing: a run must not end in a FileNotFoundError)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=indent)
 
 
 def format_header(header: dict[str, Any]) -> str:

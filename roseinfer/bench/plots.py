@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from types import ModuleType
 from typing import Any
 
@@ -28,6 +29,14 @@ def pyplot() -> ModuleType | None:
 def report_plot_path(base: str, name: str) -> str:
     """Where a report's plot `name` goes: `<base>.<name>.png`, base being the report's path less `.json`."""
     return f"{base.removesuffix('.json')}.{name}.png"
+
+
+def _save(plt: ModuleType, fig: Any, path: str) -> None:
+    """Lays out, writes (its folder made if missing) and closes a figure."""
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _title(header: dict[str, Any]) -> str:
@@ -51,9 +60,7 @@ def plot_w3(w3: dict[str, Any], path: str) -> str | None:
     for ax in (ax_ttft, ax_e2e):
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 
@@ -83,9 +90,7 @@ def plot_w8(report: dict[str, Any], path: str) -> str | None:
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle(_title(report.get("header", {})))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 
@@ -147,9 +152,7 @@ def plot_roofline(result: dict[str, Any], path: str) -> str | None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"roofline: {_title(result['header'])}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 

@@ -35,13 +35,12 @@ W2), `prefix_online` (W3), `prefix_cow` (W5) and `prefix_cow_micro`, on `prefix_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 from roseinfer.bench.engine_run import add_engine_arguments
-from roseinfer.bench.env import bench_header, format_header
+from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.plots import plot_w3, report_plot_path
 from roseinfer.bench.prefix_common import PrefixBench
 from roseinfer.bench.prefix_cow import bench_w5
@@ -156,9 +155,7 @@ def run_prefix(args: argparse.Namespace) -> dict[str, Any]:
         "plots": plots,
     }
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json_report(args.json, report)
     return report
 
 

@@ -13,7 +13,6 @@ else eagerly.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -28,6 +27,7 @@ from roseinfer.bench.env import (
     measure_copy_bandwidth,
     measure_matmul_tflops,
     median_time,
+    write_json_report,
 )
 from roseinfer.bench.plots import plot_roofline, report_plot_path
 from roseinfer.config import DTYPE_CHOICES, ModelConfig
@@ -271,8 +271,7 @@ def run_roofline(args: argparse.Namespace) -> dict[str, Any]:
     }
     print(format_table(result))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json_report(args.json, result, indent=1)
     plot_path = roofline_plot_path(args.json, args.plot)
     if plot_path:
         made = plot_roofline(result, plot_path)

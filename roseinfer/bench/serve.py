@@ -23,7 +23,6 @@ hardware floor of an open-loop run is its offered load. `bench throughput` holds
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -35,7 +34,7 @@ from tqdm.auto import tqdm
 
 from roseinfer.bench.device import sync
 from roseinfer.bench.engine_run import add_engine_arguments, engine_kwargs
-from roseinfer.bench.env import bench_header, format_header
+from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.plots import plot_w8, report_plot_path
 from roseinfer.bench.prefix_common import format_table, percentile
 from roseinfer.bench.prefix_online import poisson_offsets, warm_up_online
@@ -273,13 +272,11 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         "plots": {},
     }
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         made = plot_w8(report, report_plot_path(args.json, "W8"))
         if made:
             report["plots"]["W8"] = made
             print(f"plot: {made}", flush=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json_report(args.json, report)
     return report
 
 

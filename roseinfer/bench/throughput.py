@@ -12,7 +12,6 @@ The two add up to "Elapsed (total)", the wall time of the timed run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -26,7 +25,13 @@ from roseinfer.bench.engine_run import (
     run_engine,
     warmup_workload,
 )
-from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, measure_matmul_tflops
+from roseinfer.bench.env import (
+    bench_header,
+    format_header,
+    measure_copy_bandwidth,
+    measure_matmul_tflops,
+    write_json_report,
+)
 from roseinfer.bench.hf_peer import build_hf_model, export_to_hf, run_hf
 from roseinfer.bench.roofline_floor import format_roofline, roofline_floor
 from roseinfer.bench.run_result import RunResult
@@ -179,8 +184,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         "roofline": floor,
     }
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json_report(args.json, report)
     return report
 
 
