@@ -37,6 +37,11 @@ class ScriptedEngine:
         self.config = SimpleNamespace(device=torch.device("cpu"))
         self.active: dict[str, list[int]] = {}
         self.arrivals: dict[str, float] = {}
+        # The cache holds a tenth of its blocks per active request; each step preempts once while two run.
+        self.core = SimpleNamespace(
+            kv=SimpleNamespace(usage=lambda: 0.1 * len(self.active)),
+            scheduler=SimpleNamespace(num_preemptions=3),
+        )
 
     def add_request(self, prompt, params, request_id, arrival_time):
         self.active[request_id] = list(self.plans[request_id])
@@ -47,6 +52,7 @@ class ScriptedEngine:
 
     def step(self):
         self.clock.t += self.STEP
+        self.core.scheduler.num_preemptions += len(self.active) > 1
         outs = []
         for rid in list(self.active):
             new = self.active[rid].pop(0)
@@ -80,6 +86,8 @@ def test_latencies_on_a_scripted_engine(monkeypatch):
     assert row["ttft_mean_ms"] == pytest.approx(125.0) and row["ttft_p50_ms"] == pytest.approx(125.0)
     assert row["itl_p50_ms"] == pytest.approx(50.0) and row["itl_p99_ms"] == pytest.approx(99.0)
     assert row["e2e_p99_ms"] == pytest.approx(298.5) and row["tpot_p95_ms"] == pytest.approx(200 / 3)
+    # Never two at once here: w8-1 arrives after w8-0's last step; usage is read after each step.
+    assert (row["preemptions"], row["kv_usage_max"]) == (0, pytest.approx(0.1))
 
 
 def test_an_idle_driver_sleeps_until_the_next_arrival(monkeypatch):
@@ -155,3 +163,13 @@ def test_a_report_goes_into_a_folder_made_for_it(tmp_path):
     env.write_json_report(str(path), {"rows": [1.5, float("inf")]}, indent=1)
     assert json.loads(path.read_text()) == {"rows": [1.5, float("inf")]}
     assert path.read_text().startswith('{\n "rows"')  # indent 1
+
+
+def test_preemptions_and_the_fullest_cache_of_a_rate(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(serve, "time", clock)
+    engine = ScriptedEngine(clock, {"w8-0": [1, 1], "w8-1": [1, 1]})
+    workload = serve.build_w8(500, 2, 1, prompt_len=3, output_len=2)
+    row = serve.run_serving(engine, workload, np.array([0.0, 0.0]), 8.0, progress=False).row()
+    # Two steps with both running: 2 preemptions past the 3 the engine had before; 0.2 after the first step.
+    assert (row["preemptions"], row["kv_usage_max"]) == (2, pytest.approx(0.2))

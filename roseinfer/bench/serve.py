@@ -10,7 +10,8 @@ in-process on the engine's clock as W3 is (`prefix_online.run_online`), but stre
 - ITL: the gap between a request's consecutive outputs, split evenly over the tokens the later one brought (a
   step of async scheduling can bring two), one value a token after the first output;
 - E2E: last token - arrival;
-and the achieved request rate and output tokens/s over the run (the drain after the last arrival included).
+and the achieved request rate and output tokens/s over the run (the drain after the last arrival included), the
+largest share of KV blocks held after a step and the preemptions: a rate that fills the cache shows there.
 
 Rates double from `--start-rate` until saturation: the first rate whose output tokens/s grew less than 10% over
 the rate before it (the engine cannot take more), or `--max-rate`; `--rates` gives a fixed list instead. Each rate
@@ -91,6 +92,8 @@ class ServeResult:
     e2e: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     output_tokens: int = 0
+    preemptions: int = 0
+    kv_usage_max: float = 0.0  # the largest share of KV blocks held after a step
 
     def row(self) -> dict[str, Any]:
         wall = self.wall_s if self.wall_s > 0 else float("nan")
@@ -99,6 +102,8 @@ class ServeResult:
             "requests": len(self.e2e),
             "achieved_req_s": len(self.e2e) / wall,
             "output_tok_s": self.output_tokens / wall,
+            "preemptions": self.preemptions,
+            "kv_usage_max": self.kv_usage_max,
         }
         for name in LATENCIES:
             values = getattr(self, name)
@@ -127,6 +132,8 @@ def run_serving(
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     count: dict[str, int] = {}
+    kv, scheduler = engine.core.kv, engine.core.scheduler
+    preempted = scheduler.num_preemptions
     sync(engine.config.device)
     start = time.monotonic() + 1e-3
     arrivals = (start + offsets).tolist()
@@ -146,6 +153,7 @@ def run_serving(
                     time.sleep(max(0.0, arrivals[nxt] - time.monotonic()))
                 continue
             outs = engine.step()
+            result.kv_usage_max = max(result.kv_usage_max, kv.usage())
             now = time.monotonic()
             for out in outs:
                 rid, new = out.request_id, len(out.outputs[0].token_ids)
@@ -164,6 +172,7 @@ def run_serving(
                     result.output_tokens += count[rid]
                     bar.update(1)
     result.wall_s = time.monotonic() - start
+    result.preemptions = scheduler.num_preemptions - preempted
     return result
 
 
@@ -221,6 +230,8 @@ COLUMNS = [
     ("itl_p95_ms", "ITL p95 ms", ".1f"),
     ("itl_p99_ms", "ITL p99 ms", ".1f"),
     ("e2e_p99_ms", "E2E p99 ms", ".0f"),
+    ("kv_usage_max", "KV max", ".0%"),
+    ("preemptions", "preempted", "d"),
 ]
 
 
