@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -173,3 +174,61 @@ def test_preemptions_and_the_fullest_cache_of_a_rate(monkeypatch):
     row = serve.run_serving(engine, workload, np.array([0.0, 0.0]), 8.0, progress=False).row()
     # Two steps with both running: 2 preemptions past the 3 the engine had before; 0.2 after the first step.
     assert (row["preemptions"], row["kv_usage_max"]) == (2, pytest.approx(0.2))
+
+
+def test_the_sweep_stops_at_saturation_then_sends_everything_at_once(monkeypatch, capsys):
+    tput = {8.0: 100.0, 16.0: 190.0, 32.0: 200.0, 64.0: 400.0, math.inf: 250.0}
+    calls = []
+
+    def one_rate(engine, workload, rate, args, stream):
+        calls.append((rate, stream, workload.prompts[0][:3]))
+        return {"rate": rate, "output_tok_s": tput[rate]}
+
+    monkeypatch.setattr(serve, "_one_rate", one_rate)
+    monkeypatch.setattr(serve, "warm_up_online", lambda engine, warm: None)
+    argv = ["--num-requests", "3", "--prompt-len", "4", "--output-len", "2", "--no-progress"]
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    report = serve.run_serve(parser.parse_args(argv))
+    # 16 -> 32 grew 5%: saturated at 32, 64 never runs; then the burst, on a stream of its own.
+    assert [(rate, stream) for rate, stream, _ in calls] == [(8.0, 1), (16.0, 2), (32.0, 3), (math.inf, 4)]
+    assert len({tuple(head) for _, _, head in calls}) == 4  # each stream its own prompts
+    assert report["saturated_at"] == 32.0 and [r["rate"] for r in report["rows"]] == [
+        8.0,
+        16.0,
+        32.0,
+        math.inf,
+    ]
+    out = capsys.readouterr().out
+    assert "W8 saturation: output tok/s grew < 10% from 16 to 32 req/s" in out
+    assert "W8 all at once (inf): 250 out tok/s; the best Poisson rate reached 80% of it" in out
+
+
+def test_a_sweep_that_never_saturates_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(
+        serve, "_one_rate", lambda engine, w, rate, args, s: {"rate": rate, "output_tok_s": min(rate, 99)}
+    )
+    monkeypatch.setattr(serve, "warm_up_online", lambda engine, warm: None)
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = [
+        "--num-requests",
+        "2",
+        "--prompt-len",
+        "4",
+        "--output-len",
+        "2",
+        "--start-rate",
+        "4",
+        "--max-rate",
+        "16",
+    ]
+    report = serve.run_serve(parser.parse_args(args))
+    assert report["saturated_at"] is None and [r["rate"] for r in report["rows"]] == [
+        4.0,
+        8.0,
+        16.0,
+        math.inf,
+    ]
+    out = capsys.readouterr().out
+    assert "W8 not saturated up to 16 req/s" in out and "reached 16% of it" in out

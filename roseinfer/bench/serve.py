@@ -14,16 +14,19 @@ and the achieved request rate and output tokens/s over the run (the drain after 
 largest share of KV blocks held after a step and the preemptions: a rate that fills the cache shows there.
 
 Rates double from `--start-rate` until saturation: the first rate whose output tokens/s grew less than 10% over
-the rate before it (the engine cannot take more), or `--max-rate`; `--rates` gives a fixed list instead. Each rate
+the rate before it (the engine cannot take more), or `--max-rate`; then a last row sends the same number of
+requests all at once (rate `inf`, vLLM's benchmark's default), the engine's offline ceiling on this workload, which
+the best Poisson rate is held against. `--rates` gives a fixed list instead (`inf` allowed). Each rate
 draws its own prompts (stream k = its index + 1; the warm-up is stream 0) and arrival gaps, from `--seed`.
 
-The comparison is offered against achieved: HF transformers has no online server to set beside it, and the
-hardware floor of an open-loop run is its offered load. `bench throughput` holds the offline comparisons.
+HF transformers has no online server to set beside it: `bench throughput` holds the comparisons with HF and with
+the hardware floor, offline.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -176,6 +179,14 @@ def run_serving(
     return result
 
 
+def _one_rate(
+    engine: LLMEngine, workload: Workload, rate: float, args: argparse.Namespace, stream: int
+) -> dict:
+    offsets = poisson_offsets(workload.num_requests, rate, args.seed, stream)
+    desc = f"W8 @ {rate:g} req/s"
+    return run_serving(engine, workload, offsets, rate, desc, not args.no_progress).row()
+
+
 def sweep_rates(args: argparse.Namespace) -> list[float]:
     """The fixed `--rates`, else start, 2 x start, ... up to `--max-rate` (the sweep may stop early)."""
     if args.rates is not None:
@@ -251,7 +262,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         command=getattr(args, "argv", None),
         device=probe.device,
         dtype=str(probe.dtype).removeprefix("torch."),
-        compare="offered against achieved rate (no HF server to compare with; see `bench throughput`)",
+        compare="offered against achieved rate, and against the same requests all at once (no HF server exists)",
         scaled=streams[0].scaled,
     )
     print(format_header(header), flush=True)
@@ -260,19 +271,25 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     warm_up_online(engine, warm)
     rows: list[dict[str, Any]] = []
     for i, (rate, workload) in enumerate(zip(rates, streams)):
-        offsets = poisson_offsets(workload.num_requests, rate, args.seed, i + 1)
-        result = run_serving(engine, workload, offsets, rate, f"W8 @ {rate:g} req/s", not args.no_progress)
-        rows.append(result.row())
+        rows.append(_one_rate(engine, workload, rate, args, i + 1))
         if args.rates is None and saturated(rows):
             break
     sat = rows[-1]["rate"] if args.rates is None and saturated(rows) else None
-    text = format_table(f"W8 serve-random: {streams[0].description}; Poisson arrivals", COLUMNS, rows)
-    if args.rates is None:
-        text += (
-            f"\nW8 saturation: output tok/s grew < {SATURATION_GROWTH - 1:.0%} from {rows[-2]['rate']:g} to {sat:g} req/s"
+    text = ""
+    if args.rates is None:  # the sweep ends with the same requests all at once: the engine's offline ceiling
+        burst = build_w8(vocab, args.num_requests, len(rows) + 1, **lengths)
+        rows.append(_one_rate(engine, burst, math.inf, args, len(rows) + 1))
+        peak = max(r["output_tok_s"] for r in rows[:-1])
+        text = (
+            f"\nW8 saturation: output tok/s grew < {SATURATION_GROWTH - 1:.0%} from {rows[-3]['rate']:g} to {sat:g} req/s"
             if sat is not None
-            else f"\nW8 not saturated up to {rows[-1]['rate']:g} req/s"
+            else f"\nW8 not saturated up to {rows[-2]['rate']:g} req/s"
         )
+        text += (
+            f"\nW8 all at once (inf): {rows[-1]['output_tok_s']:.0f} out tok/s; the best Poisson rate reached "
+            f"{peak / rows[-1]['output_tok_s']:.0%} of it"
+        )
+    text = format_table(f"W8 serve-random: {streams[0].description}; Poisson arrivals", COLUMNS, rows) + text
     print(text, flush=True)
     report = {
         "header": header,
