@@ -15,17 +15,7 @@ import torch
 from roseinfer.bench import env, plots, serve
 from roseinfer.entrypoints.cli import main
 from roseinfer.sampling_params import RequestOutputKind
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
+from tests.virtual_clock import VirtualClock
 
 
 class ScriptedEngine:
@@ -33,7 +23,7 @@ class ScriptedEngine:
 
     STEP = 0.1
 
-    def __init__(self, clock: Clock, plans: dict[str, list[int]]) -> None:
+    def __init__(self, clock: VirtualClock, plans: dict[str, list[int]]) -> None:
         self.clock, self.plans = clock, plans
         self.config = SimpleNamespace(device=torch.device("cpu"))
         self.active: dict[str, list[int]] = {}
@@ -52,7 +42,7 @@ class ScriptedEngine:
         return bool(self.active)
 
     def step(self):
-        self.clock.t += self.STEP
+        self.clock.now += self.STEP
         self.core.scheduler.num_preemptions += len(self.active) > 1
         outs = []
         for rid in list(self.active):
@@ -67,7 +57,7 @@ class ScriptedEngine:
 
 
 def test_latencies_on_a_scripted_engine(monkeypatch):
-    clock = Clock()
+    clock = VirtualClock()
     monkeypatch.setattr(serve, "time", clock)
     # w8-0 arrives at once and gets 1, then 2 (a step of async scheduling), then 1 token; w8-1 arrives 0.25 s later
     # and gets its one token in the first step after it is added.
@@ -92,7 +82,7 @@ def test_latencies_on_a_scripted_engine(monkeypatch):
 
 
 def test_an_idle_driver_sleeps_until_the_next_arrival(monkeypatch):
-    clock = Clock()
+    clock = VirtualClock()
     monkeypatch.setattr(serve, "time", clock)
     engine = ScriptedEngine(clock, {"w8-0": [1], "w8-1": [1]})
     workload = serve.build_w8(500, 2, 1, prompt_len=3, output_len=1)
@@ -167,7 +157,7 @@ def test_a_report_goes_into_a_folder_made_for_it(tmp_path):
 
 
 def test_preemptions_and_the_fullest_cache_of_a_rate(monkeypatch):
-    clock = Clock()
+    clock = VirtualClock()
     monkeypatch.setattr(serve, "time", clock)
     engine = ScriptedEngine(clock, {"w8-0": [1, 1], "w8-1": [1, 1]})
     workload = serve.build_w8(500, 2, 1, prompt_len=3, output_len=2)

@@ -19,6 +19,7 @@ from roseinfer.bench import engine_probe, prefix, prefix_common, prefix_online
 from roseinfer.bench.prefix_online import OnlineResult, build_w3, poisson_offsets, run_online
 from roseinfer.bench.workloads import Workload, build_workload
 from roseinfer.sampling_params import SamplingParams
+from tests.virtual_clock import VirtualClock
 
 
 def linear_percentile(values: list[float], q: float) -> float:
@@ -100,22 +101,12 @@ def test_poisson_arrivals_at_the_rate():
 # -- the driver, on a fake engine and a virtual clock -------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-
 class FakeEngine:
     """Every running request gets a token a step of `step_s`; it finishes after max_tokens of them."""
 
-    def __init__(self, clock: Clock, offsets: np.ndarray, step_s: float, rng: np.random.Generator) -> None:
+    def __init__(
+        self, clock: VirtualClock, offsets: np.ndarray, step_s: float, rng: np.random.Generator
+    ) -> None:
         self.clock, self.offsets, self.step_s, self.rng = clock, offsets, step_s, rng
         self.config = SimpleNamespace(device=torch.device("cpu"))
         self.running: dict[str, dict[str, Any]] = {}
@@ -163,7 +154,7 @@ class FakeEngine:
 @pytest.mark.parametrize("rate", (4.0, 40.0))
 def test_the_online_driver_measures_from_each_scheduled_arrival(rate: float, monkeypatch):
     rng = np.random.default_rng()
-    clock = Clock()
+    clock = VirtualClock(100.0)
     monkeypatch.setattr(prefix_online.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(prefix_online.time, "sleep", clock.sleep)
     n = 40
