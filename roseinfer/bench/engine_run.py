@@ -4,6 +4,7 @@ options, the warm-up workload, the timed run."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -12,9 +13,11 @@ from roseinfer.bench.device import sync
 from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
+from roseinfer.config import DTYPE_CHOICES
 from roseinfer.engine.llm_engine import LLMEngine
-from roseinfer.entrypoints.arg_types import memory_fraction
+from roseinfer.entrypoints.arg_types import memory_fraction, torch_device
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
+from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.scheduler.policy import POLICIES
 
 CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
@@ -135,6 +138,21 @@ def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> di
     )
     kw["cpu_kv_tokens"] = max(CPU_KV_TOKENS, need)
     return kw
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model an engine bench command builds (`--model-shape` or `--model`, dummy weights), its device and dtype."""
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
+    src.add_argument("--model", default=None, help="HF model directory or config.json (dummy weights)")
+    parser.add_argument("--device", default=None, type=torch_device)
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
+
+
+def chosen_model(args: argparse.Namespace) -> tuple[str, str]:
+    """(what to load, the shape's name for the report): `--model`, else `--model-shape`, else the default."""
+    model = args.model or args.model_shape or DEFAULT_MODEL
+    return model, os.path.basename(os.path.normpath(model)).removesuffix(".json")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: bool) -> None:

@@ -35,11 +35,10 @@ W2), `prefix_online` (W3), `prefix_cow` (W5) and `prefix_cow_micro`, on `prefix_
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
-from roseinfer.bench.engine_run import add_engine_arguments
+from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model
 from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.plots import plot_w3, report_plot_path
 from roseinfer.bench.prefix_common import PrefixBench
@@ -47,10 +46,8 @@ from roseinfer.bench.prefix_cow import bench_w5
 from roseinfer.bench.prefix_cow_micro import COW_BLOCKS, bench_cow_micro
 from roseinfer.bench.prefix_offline import bench_w2, bench_w4
 from roseinfer.bench.prefix_online import W3_WARMUP_REQUESTS, bench_w3
-from roseinfer.config import DTYPE_CHOICES
-from roseinfer.entrypoints.arg_types import arrival_rates, positive_int, torch_device
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
-from roseinfer.models.loader import DEFAULT_MODEL
 
 WORKLOAD_IDS = ("W4", "W3", "W5", "cow-micro", "W2")  # the order of `--workload all`
 
@@ -65,9 +62,7 @@ def parse_workload(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
-    src.add_argument("--model", default=None, help="HF model directory or config.json (dummy weights)")
+    add_model_arguments(parser)
     parser.add_argument(
         "--workload", default="all", type=parse_workload, help="W2, W3, W4, W5, cow-micro or all (default)"
     )
@@ -98,8 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cow-blocks", type=int, default=COW_BLOCKS, help="cow-micro: blocks copied per call"
     )
     parser.add_argument("--cow-iters", type=int, default=200, help="cow-micro: timed iterations")
-    parser.add_argument("--device", default=None, type=torch_device)
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
     )
@@ -120,8 +113,7 @@ def run_prefix(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the command; prints the report and returns every number (also written to --json)."""
     if args.cow_blocks < 1 or args.cow_iters < 1:
         raise ValueError("--cow-blocks and --cow-iters must be >= 1")
-    model = args.model or args.model_shape or DEFAULT_MODEL
-    shape = os.path.basename(os.path.normpath(model)).removesuffix(".json")
+    model, shape = chosen_model(args)
     workloads = list(WORKLOAD_IDS) if args.workload == "all" else [args.workload]
     probe, _ = make_engine_config(model, load_format="dummy", dtype=args.dtype, device=args.device)
     bench = PrefixBench(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,17 +36,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from roseinfer.bench.device import sync
-from roseinfer.bench.engine_run import add_engine_arguments, engine_kwargs
+from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_kwargs
 from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.plots import plot_w8, report_plot_path
 from roseinfer.bench.prefix_common import format_table, percentile
 from roseinfer.bench.prefix_online import poisson_offsets, warm_up_online
 from roseinfer.bench.workloads import Workload, token_id_range
-from roseinfer.config import DTYPE_CHOICES
 from roseinfer.engine.llm_engine import LLMEngine
-from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int, torch_device
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
-from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams
 
 W8_PROMPT_LEN = 512
@@ -204,9 +201,7 @@ def saturated(rows: list[dict[str, Any]]) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
-    src.add_argument("--model", default=None, help="HF model directory or config.json (dummy weights)")
+    add_model_arguments(parser)
     parser.add_argument("--num-requests", type=positive_int, default=W8_NUM_REQUESTS, help="requests a rate")
     parser.add_argument("--prompt-len", type=positive_int, default=W8_PROMPT_LEN)
     parser.add_argument("--output-len", type=positive_int, default=W8_OUTPUT_LEN)
@@ -219,8 +214,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rate", type=positive_float, default=W8_MAX_RATE, help="the sweep's last rate")
     parser.add_argument("--warmup-requests", type=positive_int, default=W8_WARMUP_REQUESTS)
     parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals seed")
-    parser.add_argument("--device", default=None, type=torch_device)
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
     )
@@ -248,8 +241,7 @@ COLUMNS = [
 
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the command; prints the report and returns every number (also written to --json)."""
-    model = args.model or args.model_shape or DEFAULT_MODEL
-    shape = os.path.basename(os.path.normpath(model)).removesuffix(".json")
+    model, shape = chosen_model(args)
     probe, _ = make_engine_config(model, load_format="dummy", dtype=args.dtype, device=args.device)
     vocab = probe.model_config.vocab_size
     lengths = {"prompt_len": args.prompt_len, "output_len": args.output_len, "seed": args.seed}

@@ -12,7 +12,6 @@ The two add up to "Elapsed (total)", the wall time of the timed run.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import torch
@@ -21,6 +20,8 @@ from torch import nn
 from roseinfer.bench.device import free_memory
 from roseinfer.bench.engine_run import (
     add_engine_arguments,
+    add_model_arguments,
+    chosen_model,
     engine_kwargs,
     run_engine,
     warmup_workload,
@@ -36,19 +37,16 @@ from roseinfer.bench.hf_peer import build_hf_model, export_to_hf, run_hf
 from roseinfer.bench.roofline_floor import format_roofline, roofline_floor
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import WORKLOADS, build_workload
-from roseinfer.config import DTYPE_CHOICES, SCHEDULER_MODES
+from roseinfer.config import SCHEDULER_MODES
 from roseinfer.engine.llm_engine import LLMEngine
-from roseinfer.entrypoints.arg_types import positive_int, torch_device
+from roseinfer.entrypoints.arg_types import positive_int
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.kv.cache_dtype import resolve_kv_cache_dtype
-from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.profiling import profile_to, trace_path_for
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model-shape", default=None, help=f"built-in shape id (default {DEFAULT_MODEL})")
-    src.add_argument("--model", default=None, help="HF model directory or config.json (dummy weights)")
+    add_model_arguments(parser)
     parser.add_argument("--workload", default="W1", type=str.upper, choices=sorted(WORKLOADS))
     parser.add_argument("--mode", default="continuous", choices=[*SCHEDULER_MODES, "all"])
     parser.add_argument("--peer", choices=["hf"], default=None, help="also run HF generate, same weights")
@@ -65,8 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup-output-len", type=positive_int, default=4, help="output tokens per warm-up request"
     )
-    parser.add_argument("--device", default=None, type=torch_device)
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
     parser.add_argument("--no-roofline", action="store_true", help="skip measuring the device limits")
     parser.add_argument(
@@ -86,8 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Runs the command; prints the report and returns every number (also written to --json)."""
-    model = args.model or args.model_shape or DEFAULT_MODEL
-    shape = os.path.basename(os.path.normpath(model)).removesuffix(".json")
+    model, shape = chosen_model(args)
     modes = list(SCHEDULER_MODES[::-1]) if args.mode == "all" else [args.mode]  # naive, static, continuous
 
     # The first config only resolves the model and device; each mode builds its own engine.
