@@ -4,9 +4,14 @@ name (a ValueError, so the CLI prints one line) instead of running out of memory
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from roseinfer.runner.kv_sizing import GIB, GpuMemory, kv_cache_num_blocks
+from roseinfer.runner.model_runner import ModelRunner
 
 BLOCK = 2 * 2**20  # bytes a block
 
@@ -64,3 +69,38 @@ def test_a_peak_that_leaves_no_block_is_named():
         kv_cache_num_blocks(none, 0.45, BLOCK)
     with pytest.raises(ValueError, match="raise gpu_memory_utilization, or lower max_num_batched_tokens"):
         kv_cache_num_blocks(memory(free_gib=78.5, peak_gib=40.0), 0.45, BLOCK)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_start_up_sizing_reads_the_gpu_as_kv_sizing_expects(monkeypatch, seed):
+    """`ModelRunner.determine_num_blocks` on CUDA, its readings faked: mem_get_info's (free, total) in that
+    order, the allocator's reserved bytes, the profiled peak and the configured share all reach the sizing. The
+    free memory drawn is short of the share by less than the engine reserves: only free + reserved can take it."""
+    rng = random.Random(seed)
+    total = rng.randint(16, 96) * GIB
+    util = round(rng.uniform(0.3, 0.85), 3)
+    reserved = rng.randint(GIB // 2, 4 * GIB)
+    peak = reserved + rng.randint(GIB // 2, 4 * GIB)
+    budget = int(total * util)
+    free = budget - reserved + rng.randint(0, reserved - 1)
+    reads: list[object] = []
+
+    def mem_get_info(device: torch.device) -> tuple[int, int]:
+        reads.append(device)
+        return free, total
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    cache = SimpleNamespace(num_blocks=None, cpu_kv_tokens=0, gpu_memory_utilization=util)
+    runner = SimpleNamespace(
+        config=SimpleNamespace(cache=cache),
+        device=torch.device("cuda", 0),
+        block_size=16,
+        profile_peak_memory=lambda: peak,
+        block_bytes=lambda: BLOCK,
+    )
+    assert ModelRunner.determine_num_blocks(runner) == (budget - peak) // BLOCK
+    assert reads == [runner.device]
+    free = budget - reserved - 1  # one byte short of the share
+    with pytest.raises(ValueError, match=rf"gpu_memory_utilization={util} asks for"):
+        ModelRunner.determine_num_blocks(runner)
