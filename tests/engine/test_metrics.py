@@ -8,6 +8,7 @@ import pytest
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.metrics import Counter, Gauge
+from roseinfer.request import RequestStatus
 
 PROMPTS = [list(range(3, 3 + 13)), list(range(40, 40 + 21)), list(range(7, 7 + 9))]
 
@@ -64,7 +65,8 @@ def test_counters_match_what_the_outputs_say(llama_dir):
     assert got["request_success", "length"] == 6 and got["request_success", "stop"] == 1
     assert got["request_success", "abort"] == 0 and got["num_preemptions", ""] == 0
     assert got["prefix_cache_hits", ""] == sum(o.num_cached_tokens for o in outs) > 0
-    assert got["prefix_cache_queries", ""] >= got["prefix_cache_hits", ""]
+    # Every request is looked up once, at admission (its n samples fork after it): its prompt's tokens.
+    assert got["prefix_cache_queries", ""] == sum(len(o.prompt_token_ids) for o in outs)
     # Idle: nothing queued, and blocks only the cache keeps count as free.
     assert (
         got["num_requests_running", ""],
@@ -76,21 +78,21 @@ def test_counters_match_what_the_outputs_say(llama_dir):
 def test_gauges_read_the_engine_mid_run_and_aborts_count(llama_dir):
     llm = make(llama_dir, max_num_seqs=2, enable_prefix_caching=False)
     engine = llm.engine
-    rids = [engine.add_request(p, greedy(8, n=2 if i == 0 else 1)) for i, p in enumerate(PROMPTS)]
+    prompts = [*PROMPTS, list(range(60, 60 + 5))]  # one more waiting than running: the two gauges differ
+    rids = [engine.add_request(p, greedy(8, n=2 if i == 0 else 1)) for i, p in enumerate(prompts)]
     engine.step()
     got = values(llm)
     scheduler, kv = engine.core.scheduler, engine.core.kv
     assert got["num_requests_running", ""] == len(scheduler.running) == 2  # max_num_seqs
-    assert got["num_requests_waiting", ""] == len(scheduler.waiting) >= 1
+    assert got["num_requests_waiting", ""] == len(scheduler.waiting) == len(prompts) - 1
     held = kv.num_blocks - kv.num_free_blocks
     assert held > 0 and got["kv_cache_usage_perc", ""] == pytest.approx(held / kv.num_blocks)
     engine.abort_request(rids)
     while engine.has_unfinished_requests():
         engine.step()
     got = values(llm)
-    assert (
-        got["request_success", "abort"] == 4
-    )  # every sample: two of the first request, one each of the rest
+    # Every sample: two of the first request, one each of the rest.
+    assert got["request_success", "abort"] == len(prompts) + 1
     assert got["request_success", "length"] + got["request_success", "stop"] == 0
 
 
@@ -100,3 +102,21 @@ def test_preemptions_count(llama_dir):
     got = values(llm)
     assert got["num_preemptions", ""] == llm.engine.core.scheduler.num_preemptions > 0
     assert got["request_success", "length"] == len(PROMPTS)
+
+
+def test_aborting_a_group_counts_only_the_samples_still_running(llama_dir):
+    """A sample that already finished keeps its reason when its request is aborted (`Scheduler.finish` is
+    idempotent): only the sample still running counts as an abort."""
+    llm = make(llama_dir, enable_prefix_caching=False)
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[1], greedy(8, n=2))
+    while len(engine.groups[rid].seqs) < 2:
+        engine.step()
+    first, second = (seq.req for seq in engine.groups[rid].seqs)
+    engine.core.finish(first, RequestStatus.FINISHED_STOPPED)  # as a stop string found in its text does
+    engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    got = values(llm)
+    assert (first.status, second.status) == (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED)
+    assert (got["request_success", "stop"], got["request_success", "abort"]) == (1, 1)
