@@ -120,3 +120,18 @@ def test_aborting_a_group_counts_only_the_samples_still_running(llama_dir):
     got = values(llm)
     assert (first.status, second.status) == (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED)
     assert (got["request_success", "stop"], got["request_success", "abort"]) == (1, 1)
+
+
+def test_a_stop_string_completed_by_the_last_token_counts_as_stop(model_with_tokenizer):
+    """A stop string whose text ends in the token that also reaches max_tokens: the output says "stop" (as vLLM's,
+    whose stop strings are checked after the engine core finished the request for length), and so must
+    request_success, which counts finished requests by the reason their outputs give."""
+    llm = make(model_with_tokenizer)
+    prompt, k = "hello world", 3
+    text = llm.generate([prompt], greedy(k), use_tqdm=False)[0].outputs[0].text
+    shorter = llm.generate([prompt], greedy(k - 1), use_tqdm=False)[0].outputs[0].text
+    assert text.startswith(shorter) and len(text) > len(shorter)  # the k-th token completes `text`
+    outs = [llm.generate([prompt], greedy(k, stop=[text]), use_tqdm=False)[0] for _ in range(2)]
+    assert [(o.outputs[0].finish_reason, o.outputs[0].text) for o in outs] == [("stop", "")] * 2
+    got = values(llm)
+    assert (got["request_success", "length"], got["request_success", "stop"]) == (2, 2)
