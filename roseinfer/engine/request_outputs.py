@@ -83,7 +83,7 @@ class SequenceOutput:
         req.stop_reason = stop
         req.drop_last_tokens(len(req.output_token_ids) - self.num_seen)  # generated past the stop meanwhile
         if req.is_finished:
-            req.status = RequestStatus.FINISHED_STOPPED
+            engine.core.scheduler.restate_finished(req, RequestStatus.FINISHED_STOPPED)
         else:
             engine.core.finish(req, RequestStatus.FINISHED_STOPPED)
         return True

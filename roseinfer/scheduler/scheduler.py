@@ -107,6 +107,14 @@ class Scheduler:
         req.finished_time = time.monotonic()
         self.num_finished[status.value] = self.num_finished.get(status.value, 0) + 1
 
+    def restate_finished(self, req: Request, status: RequestStatus) -> None:
+        """Gives a finished request another terminal reason, its count moving with it: a stop string found in
+        the text of the token that also finished it for length makes it stopped, as vLLM's output says."""
+        assert req.is_finished and status.finished
+        self.num_finished[req.status.value] -= 1
+        req.status = status
+        self.num_finished[status.value] = self.num_finished.get(status.value, 0) + 1
+
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, go back to the front of the queue."""
         self.running.remove(req)
