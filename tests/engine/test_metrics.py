@@ -135,3 +135,15 @@ def test_a_stop_string_completed_by_the_last_token_counts_as_stop(model_with_tok
     assert [(o.outputs[0].finish_reason, o.outputs[0].text) for o in outs] == [("stop", "")] * 2
     got = values(llm)
     assert (got["request_success", "length"], got["request_success", "stop"]) == (2, 2)
+
+
+def test_a_preempted_requests_recompute_is_not_a_prefix_cache_query(llama_dir):
+    """As vLLM's (whose `PrefixCacheStats` keeps a preempted request's re-admission apart): the prefix-cache
+    counters count each request's first admission only, so they still add up to the prompts and to the outputs'
+    `num_cached_tokens` when preemption recomputes requests over blocks the cache still holds."""
+    llm = make(llama_dir, cpu_kv_tokens=48)
+    outs = llm.generate(PROMPTS, greedy(16), use_tqdm=False)
+    got = values(llm)
+    assert got["num_preemptions", ""] > 0
+    assert got["prefix_cache_queries", ""] == sum(len(o.prompt_token_ids) for o in outs)
+    assert got["prefix_cache_hits", ""] == sum(o.num_cached_tokens for o in outs)
