@@ -252,12 +252,12 @@ class Scheduler:
                 break
             if form_batch:  # blocks it still needs for its whole prompt
                 self._promised += self.kv.blocks_for(req.num_tokens) - len(req.block_ids)
-            # The tokens served from the cache, as `num_cached_tokens` reports them: a whole-prompt hit still
-            # computes its last token.
-            self.kv.count_query(req.num_tokens, req.num_computed_tokens)
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = req.num_computed_tokens
+                # The tokens served from the cache, as `num_cached_tokens` reports them (a whole-prompt hit
+                # still computes its last token); as in vLLM, a preempted request's re-admission is no query.
+                self.kv.count_query(req.num_tokens, req.num_computed_tokens)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             taken += self._seats(req)
