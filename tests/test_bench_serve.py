@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -93,6 +94,7 @@ def test_an_idle_driver_sleeps_until_the_next_arrival(monkeypatch):
 def test_the_workload_draws():
     a, b = serve.build_w8(32000, 3, 1, seed=5), serve.build_w8(32000, 3, 1, seed=5)
     assert a.prompts == b.prompts and a.prompts != serve.build_w8(32000, 3, 2, seed=5).prompts
+    assert a.prompts != serve.build_w8(32000, 3, 1, seed=6).prompts  # --seed draws other prompts
     assert all(len(p) == 512 and 1000 <= min(p) and max(p) < 32000 for p in a.prompts)
     assert all(
         (s.max_tokens, s.temperature, s.ignore_eos, s.output_kind)
@@ -105,6 +107,8 @@ def test_the_workload_draws():
 
 def test_the_sweep_doubles_and_stops_when_throughput_stops_growing():
     args = argparse.Namespace(rates=None, start_rate=8.0, max_rate=100.0)
+    assert serve.sweep_rates(args) == [8.0, 16.0, 32.0, 64.0]
+    args.max_rate = 64.0  # the last rate may be --max-rate itself
     assert serve.sweep_rates(args) == [8.0, 16.0, 32.0, 64.0]
     assert serve.sweep_rates(argparse.Namespace(rates=[3.0, 1.0], start_rate=8.0, max_rate=9.0)) == [3.0, 1.0]
 
@@ -222,3 +226,109 @@ def test_a_sweep_that_never_saturates_says_so(monkeypatch, capsys):
     ]
     out = capsys.readouterr().out
     assert "W8 not saturated up to 16 req/s" in out and "reached 16% of it" in out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_row_takes_numpys_mean_and_percentiles(seed):
+    """As vLLM's benchmark: mean and linear-interpolated percentiles (np.mean, np.percentile) of each latency, in
+    ms; achieved rates over the run's wall time."""
+    rng = np.random.default_rng(seed)
+    lists = {name: rng.exponential(0.05, size=int(rng.integers(3, 40))).tolist() for name in serve.LATENCIES}
+    result = serve.ServeResult(
+        4.0, **lists, wall_s=float(rng.uniform(1, 9)), output_tokens=int(rng.integers(50, 99))
+    )
+    row = result.row()
+    for name, values in lists.items():
+        assert row[f"{name}_mean_ms"] == pytest.approx(np.mean(values) * 1e3)
+        for q in (50, 95, 99):
+            assert row[f"{name}_p{q}_ms"] == pytest.approx(np.percentile(values, q) * 1e3)
+    assert row["achieved_req_s"] == pytest.approx(len(lists["e2e"]) / result.wall_s)
+    assert row["output_tok_s"] == pytest.approx(result.output_tokens / result.wall_s)
+
+
+def test_the_defaults_are_w8s():
+    """README: rates double from 8 req/s; WORKLOADS.md W8: 512 prompt tokens, 128 output tokens."""
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.start_rate, args.prompt_len, args.output_len, args.rates) == (8.0, 512, 128, None)
+
+
+class FakeRuns:
+    """Stands in for `run_serving` and the warm-up: records what each is given; a rate's output tok/s is
+    `tput[rate]`, its latencies random."""
+
+    def __init__(self, tput: dict[float, float], seed: int) -> None:
+        self.tput, self.rng = tput, np.random.default_rng(seed)
+        self.calls: list[tuple[float, list[list[int]], np.ndarray]] = []
+        self.warm: list[list[list[int]]] = []
+        self.rows: list[dict] = []
+
+    def warm_up(self, engine, workload) -> None:
+        assert not self.calls  # before the first rate
+        self.warm.append(workload.prompts)
+
+    def run(self, engine, workload, offsets, rate, desc="", progress=True) -> serve.ServeResult:
+        self.calls.append((rate, workload.prompts, np.asarray(offsets)))
+        draw = {name: self.rng.uniform(0.001, 3.0, size=20).tolist() for name in serve.LATENCIES}
+        result = serve.ServeResult(rate, **draw, wall_s=1.0, output_tokens=int(self.tput[rate]))
+        self.rows.append(result.row())
+        return result
+
+
+def run_with_fakes(monkeypatch, capsys, tput: dict[float, float], *flags: str) -> tuple[FakeRuns, dict, str]:
+    fake = FakeRuns(tput, seed=len(flags))
+    monkeypatch.setattr(serve, "run_serving", fake.run)
+    monkeypatch.setattr(serve, "warm_up_online", fake.warm_up)
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    argv = ["--num-requests", "5", "--prompt-len", "6", "--output-len", "3", "--warmup-requests", "3"]
+    args = parser.parse_args([*argv, "--no-progress", *flags])
+    report = serve.run_serve(args)
+    return fake, report, capsys.readouterr().out
+
+
+def table(out: str) -> tuple[list[str], list[list[str]]]:
+    """The W8 table's headings and cells."""
+    lines = out[out.index("=== W8 serve-random") :].splitlines()
+    rows = []
+    for line in lines[3:]:
+        if not line.strip() or line.startswith("W8 "):
+            break
+        rows.append(line.split())
+    return re.split(r"\s{2,}", lines[1].strip()), rows
+
+
+def test_the_sweep_stops_at_saturation_and_names_it(monkeypatch, capsys):
+    tput = {1.0: 100.0, 2.0: 200.0, 4.0: 300.0, 8.0: 320.0, 16.0: 900.0, 32.0: 2000.0, math.inf: 500.0}
+    fake, report, out = run_with_fakes(monkeypatch, capsys, tput, "--start-rate", "1", "--max-rate", "32")
+    # 320 < 1.1 x 300: it stops at 8, then sends the same number of requests at once.
+    assert [rate for rate, _, _ in fake.calls] == [1.0, 2.0, 4.0, 8.0, math.inf]
+    assert report["saturated_at"] == 8.0 and report["workload"]["rates"] == [1.0, 2.0, 4.0, 8.0, math.inf]
+    assert "W8 saturation: output tok/s grew < 10% from 4 to 8 req/s" in out
+    # Each rate draws its own prompts and arrivals; the warm-up's prompts are none of them.
+    prompts = [p for _, ps, _ in fake.calls for p in ps] + list(fake.warm[0])
+    assert len(fake.warm) == 1 and len(fake.warm[0]) == 3
+    assert len({tuple(p) for p in prompts}) == len(prompts) == 5 * 5 + 3
+    assert not np.any(fake.calls[-1][2])  # all at once
+    scaled = [offsets * rate for rate, _, offsets in fake.calls[:-1]]  # one stream would scale with the rate
+    assert all(len(o) == 5 and o[0] == 0 and np.all(np.diff(o) > 0) for o in scaled)
+    assert not any(np.allclose(a, b) for i, a in enumerate(scaled) for b in scaled[i + 1 :])
+    # The table shows each row's numbers under their own headings.
+    headings, cells = table(out)
+    assert len(cells) == len(fake.rows) and all(len(c) == len(headings) for c in cells)
+    names = set()
+    for i, heading in enumerate(headings):
+        if m := re.fullmatch(r"(TTFT|TPOT|ITL|E2E) (mean|p50|p95|p99) ms", heading):
+            names.add(m[1])
+            key = f"{m[1].lower()}_{m[2]}_ms"
+            assert all(abs(float(c[i]) - r[key]) <= 0.5 for c, r in zip(cells, fake.rows)), heading
+    assert names == {"TTFT", "TPOT", "ITL", "E2E"}
+
+
+def test_fixed_rates_all_run_though_throughput_stops_growing(monkeypatch, capsys):
+    tput = dict.fromkeys((3.0, 1.0, 2.0, 5.0), 100.0)
+    fake, report, out = run_with_fakes(monkeypatch, capsys, tput, "--rates", "3,1,2,5")
+    assert [rate for rate, _, _ in fake.calls] == [3.0, 1.0, 2.0, 5.0]
+    assert report["saturated_at"] is None and report["workload"]["rates"] == [3.0, 1.0, 2.0, 5.0]
+    assert "saturat" not in out
