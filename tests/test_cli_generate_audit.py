@@ -5,6 +5,7 @@ field), and the argument types' edges."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -192,3 +193,19 @@ def test_a_text_prompt_without_a_tokenizer_says_how_to_give_one(capsys, monkeypa
     err = capsys.readouterr().err
     assert err.startswith("roseinfer generate: error: ") and len(err.strip().splitlines()) == 1
     assert "has no tokenizer; give --prompt-ids or --tokenizer" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--gpu-memory-utilization", "1.5", r"must be in \(0, 1\]"),
+        ("--gpu-memory-utilization", "0", r"must be in \(0, 1\]"),
+        ("--num-kv-blocks", "0", "must be >= 1"),
+    ],
+)
+def test_memory_flags_refuse_past_their_edges_before_anything_runs(capsys, flag, value, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--max-tokens", "2", flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and re.search(message, err)
