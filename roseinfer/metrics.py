@@ -49,7 +49,7 @@ def engine_metrics(engine: LLMEngine) -> list[Metric]:
         Counter("roseinfer:prompt_tokens", value=engine.num_prompt_tokens),  # of the requests added
         Counter("roseinfer:generation_tokens", value=engine.num_generated_tokens),
         *(
-            Counter("roseinfer:request_success", {"finished_reason": reason}, finished.get(reason, 0))
+            Counter("roseinfer:request_success", {"finished_reason": reason}, finished[reason])
             for reason in FINISH_REASONS
         ),
     ]

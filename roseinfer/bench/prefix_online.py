@@ -76,6 +76,22 @@ def poisson_offsets(num_requests: int, rate: float, seed: int, stream: int) -> n
     return np.concatenate([[0.0], np.cumsum(gaps[1:])])
 
 
+def add_arrived(
+    engine: LLMEngine, workload: Workload, arrivals: list[float], nxt: int, now: float, prefix: str
+) -> int:
+    """Adds the requests from `nxt` on whose arrival time has come by `now`, as `{prefix}-{i}` with the scheduled
+    arrival as arrival_time (so queueing before the add counts); returns the first one not added yet."""
+    while nxt < len(arrivals) and arrivals[nxt] <= now:
+        engine.add_request(
+            workload.prompts[nxt],
+            workload.params[nxt],
+            request_id=f"{prefix}-{nxt}",
+            arrival_time=arrivals[nxt],
+        )
+        nxt += 1
+    return nxt
+
+
 @dataclass
 class OnlineResult:
     rate: float
@@ -130,14 +146,7 @@ def run_online(
     with tqdm(total=n, desc=desc, unit="req", disable=not progress, leave=False) as bar:
         while len(e2e) < n:
             now = time.monotonic()
-            while nxt < n and arrivals[nxt] <= now:
-                engine.add_request(
-                    workload.prompts[nxt],
-                    workload.params[nxt],
-                    request_id=f"w3-{nxt}",
-                    arrival_time=arrivals[nxt],
-                )
-                nxt += 1
+            nxt = add_arrived(engine, workload, arrivals, nxt, now, "w3")
             if engine.has_unfinished_requests():
                 outs = engine.step(final_only=True)
                 if outs:

@@ -40,7 +40,7 @@ from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments
 from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.plots import plot_w8, report_plot_path
 from roseinfer.bench.prefix_common import format_table, percentile
-from roseinfer.bench.prefix_online import poisson_offsets, warm_up_online
+from roseinfer.bench.prefix_online import add_arrived, poisson_offsets, warm_up_online
 from roseinfer.bench.workloads import Workload, token_id_range
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int
@@ -128,7 +128,6 @@ def run_serving(
     that returned them does."""
     n = workload.num_requests
     result = ServeResult(rate)
-    arrival: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     count: dict[str, int] = {}
@@ -137,17 +136,12 @@ def run_serving(
     sync(engine.config.device)
     start = time.monotonic() + 1e-3
     arrivals = (start + offsets).tolist()
+    arrival = {f"w8-{i}": t for i, t in enumerate(arrivals)}
     nxt = 0
     with tqdm(total=n, desc=desc, unit="req", disable=not progress, leave=False) as bar:
         while len(result.e2e) < n:
             now = time.monotonic()
-            while nxt < n and arrivals[nxt] <= now:
-                rid = f"w8-{nxt}"
-                engine.add_request(
-                    workload.prompts[nxt], workload.params[nxt], rid, arrival_time=arrivals[nxt]
-                )
-                arrival[rid] = arrivals[nxt]
-                nxt += 1
+            nxt = add_arrived(engine, workload, arrivals, nxt, now, "w8")
             if not engine.has_unfinished_requests():
                 if nxt < n:
                     time.sleep(max(0.0, arrivals[nxt] - time.monotonic()))

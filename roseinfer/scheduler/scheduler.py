@@ -11,7 +11,7 @@ is not scheduled again.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from roseinfer.config import SchedulerConfig
@@ -79,9 +79,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the newest
         self.num_preemptions = 0
-        self.num_finished: dict[
-            str, int
-        ] = {}  # requests finished, by RequestStatus value (stop, length, abort)
+        # Requests finished, by RequestStatus value (stop, length, abort).
+        self.num_finished: Counter[str] = Counter()
         self.num_steps = 0
         self._promised = 0
 
@@ -105,7 +104,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = status
         req.finished_time = time.monotonic()
-        self.num_finished[status.value] = self.num_finished.get(status.value, 0) + 1
+        self.num_finished[status.value] += 1
 
     def restate_finished(self, req: Request, status: RequestStatus) -> None:
         """Gives a finished request another terminal reason, its count moving with it: a stop string found in
@@ -113,7 +112,7 @@ class Scheduler:
         assert req.is_finished and status.finished
         self.num_finished[req.status.value] -= 1
         req.status = status
-        self.num_finished[status.value] = self.num_finished.get(status.value, 0) + 1
+        self.num_finished[status.value] += 1
 
     def _preempt(self, req: Request) -> None:
         """Recompute-style preemption: drop the KV, go back to the front of the queue."""
