@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from triton import knobs
 
 from roseinfer.bench import env, plots, serve
 from roseinfer.entrypoints.cli import main
@@ -332,3 +333,31 @@ def test_fixed_rates_all_run_though_throughput_stops_growing(monkeypatch, capsys
     assert [rate for rate, _, _ in fake.calls] == [3.0, 1.0, 2.0, 5.0]
     assert report["saturated_at"] is None and report["workload"]["rates"] == [3.0, 1.0, 2.0, 5.0]
     assert "saturat" not in out
+
+
+class StallingEngine(ScriptedEngine):
+    """Its second step compiles a kernel variant and takes 1 s more."""
+
+    def __init__(self, clock: VirtualClock, plans: dict[str, list[int]]) -> None:
+        super().__init__(clock, plans)
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 2:
+            knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_prefill_kernel"))
+            self.clock.now += 1.0
+        return super().step()
+
+
+def test_a_stall_shows_as_the_longest_step_and_a_compile(monkeypatch):
+    clock = VirtualClock()
+    monkeypatch.setattr(serve, "time", clock)
+    engine = StallingEngine(clock, {"w8-0": [1, 1, 1]})
+    workload = serve.build_w8(500, 1, 1, prompt_len=3, output_len=3)
+    row = serve.run_serving(engine, workload, np.array([0.0]), 1.0, progress=False).row()
+    assert row["max_step_ms"] == pytest.approx(1100.0) and row["compiles"] == 1
+    calm = serve.run_serving(
+        ScriptedEngine(clock, {"w8-0": [1, 1]}), workload, np.array([0.0]), 1.0, progress=False
+    )
+    assert (calm.row()["max_step_ms"], calm.row()["compiles"]) == (pytest.approx(100.0), 0)

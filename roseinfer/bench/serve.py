@@ -11,7 +11,9 @@ in-process on the engine's clock as W3 is (`prefix_online.run_online`), but stre
   step of async scheduling can bring two), one value a token after the first output;
 - E2E: last token - arrival;
 and the achieved request rate and output tokens/s over the run (the drain after the last arrival included), the
-largest share of KV blocks held after a step and the preemptions: a rate that fills the cache shows there.
+largest share of KV blocks held after a step and the preemptions: a rate that fills the cache shows there; the
+longest engine step and the Triton kernels compiled during the run: a stall (a kernel variant the warm-up missed,
+a collection) shows there.
 
 Rates double from `--start-rate` until saturation: the first rate whose output tokens/s grew less than 10% over
 the rate before it (the engine cannot take more), or `--max-rate`; then a last row sends the same number of
@@ -38,6 +40,7 @@ from tqdm.auto import tqdm
 from roseinfer.bench.device import sync
 from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_kwargs
 from roseinfer.bench.env import bench_header, format_header, write_json_report
+from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.plots import plot_w8, report_plot_path
 from roseinfer.bench.prefix_common import format_table, percentile
 from roseinfer.bench.prefix_online import add_arrived, poisson_offsets, warm_up_online
@@ -94,6 +97,8 @@ class ServeResult:
     output_tokens: int = 0
     preemptions: int = 0
     kv_usage_max: float = 0.0  # the largest share of KV blocks held after a step
+    max_step_s: float = 0.0  # the longest engine step: a stall (a compile, a collection) shows here
+    compiles: int = 0  # Triton kernel variants compiled during the run: each is a stall
 
     def row(self) -> dict[str, Any]:
         wall = self.wall_s if self.wall_s > 0 else float("nan")
@@ -104,6 +109,8 @@ class ServeResult:
             "output_tok_s": self.output_tokens / wall,
             "preemptions": self.preemptions,
             "kv_usage_max": self.kv_usage_max,
+            "max_step_ms": self.max_step_s * 1e3,
+            "compiles": self.compiles,
         }
         for name in LATENCIES:
             values = getattr(self, name)
@@ -138,7 +145,8 @@ def run_serving(
     arrivals = (start + offsets).tolist()
     arrival = {f"w8-{i}": t for i, t in enumerate(arrivals)}
     nxt = 0
-    with tqdm(total=n, desc=desc, unit="req", disable=not progress, leave=False) as bar:
+    bar = tqdm(total=n, desc=desc, unit="req", disable=not progress, leave=False)
+    with bar, watch_triton_compiles() as compiled:
         while len(result.e2e) < n:
             now = time.monotonic()
             nxt = add_arrived(engine, workload, arrivals, nxt, now, "w8")
@@ -146,9 +154,11 @@ def run_serving(
                 if nxt < n:
                     time.sleep(max(0.0, arrivals[nxt] - time.monotonic()))
                 continue
+            before = time.monotonic()
             outs = engine.step()
             result.kv_usage_max = max(result.kv_usage_max, kv.usage())
             now = time.monotonic()
+            result.max_step_s = max(result.max_step_s, now - before)
             for out in outs:
                 rid, new = out.request_id, len(out.outputs[0].token_ids)
                 if new:
@@ -166,6 +176,7 @@ def run_serving(
                     result.output_tokens += count[rid]
                     bar.update(1)
     result.wall_s = time.monotonic() - start
+    result.compiles = sum(compiled.values())
     result.preemptions = scheduler.num_preemptions - preempted
     return result
 
@@ -230,6 +241,8 @@ COLUMNS = [
     ("e2e_p99_ms", "E2E p99 ms", ".0f"),
     ("kv_usage_max", "KV max", ".0%"),
     ("preemptions", "preempted", "d"),
+    ("max_step_ms", "max step ms", ".0f"),
+    ("compiles", "compiles", "d"),
 ]
 
 

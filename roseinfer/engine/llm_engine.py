@@ -24,6 +24,7 @@ from roseinfer.logprobs import (
 from roseinfer.metrics import Metric, engine_metrics
 from roseinfer.outputs import RequestOutput
 from roseinfer.request import Request, RequestStatus
+from roseinfer.runner.gc_heap import freeze_startup_heap
 from roseinfer.sampling_params import SamplingParams
 
 # Text, token ids, or a dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}.
@@ -53,6 +54,7 @@ class LLMEngine:
         # What a failed step raised: its state is half updated (tokens pending that no step resolves, blocks
         # registered whose KV was never computed), so, as vLLM, the engine serves nothing more.
         self.dead: BaseException | None = None
+        freeze_startup_heap()
 
     @staticmethod
     def _load_tokenizer(config: EngineConfig, model_path: str) -> Any | None:

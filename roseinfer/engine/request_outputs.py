@@ -129,6 +129,10 @@ class RequestGroup:
     def __init__(self, req: Request, engine: LLMEngine) -> None:
         self.root = req
         self.engine = engine
+        # Every output of the request shares one copy of its prompt ids, as vLLM's share one list: a caller's
+        # edit never reaches the engine, and a stream of 256 requests with 512-token prompts is not slowed by
+        # a copy per output (and by the cyclic collector walking them).
+        self.prompt_token_ids = list(req.prompt_token_ids)
         self.seqs = [SequenceOutput(req, engine.detokenizer(req), engine)]
         self.has_text = self.seqs[0].detok is not None  # else a token needs no work until the output
         self.prompt_logprobs: PromptLogprobs | None = None  # built once, with the first output
@@ -191,7 +195,7 @@ class RequestGroup:
         return RequestOutput(
             request_id=root.request_id,
             prompt=root.prompt,
-            prompt_token_ids=list(root.prompt_token_ids),  # the caller's to keep: not the request's own list
+            prompt_token_ids=self.prompt_token_ids,
             outputs=outputs,
             finished=done,
             num_cached_tokens=root.num_cached_tokens,

@@ -31,7 +31,7 @@ from roseinfer.kernels.prefill_online_softmax import attend_tile, merge_key_spli
 from roseinfer.kernels.prefill_plan import TILE_ROWS, prefill_block_m, prefill_config
 
 
-@triton.jit(do_not_specialize=["first_seq", "tile_stride"])
+@triton.jit(do_not_specialize=["first_seq", "tile_stride", "stride_btb"])  # they vary per step
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from operator import attrgetter
 
 import numpy as np
@@ -20,6 +19,7 @@ from roseinfer.models.loader import build_model
 from roseinfer.profiling import record
 from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
+from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
 from roseinfer.runner.kv_sizing import GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.logit_controls import StepControls
@@ -43,17 +43,6 @@ from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 _REQUEST = attrgetter("request")
-
-
-def release_dead_engines(device: torch.device) -> None:
-    """Free what earlier engines of this process left in reference cycles before this one sizes itself.
-
-    An engine dropped by its owner can survive in a cycle until Python's cyclic collector happens to run,
-    and its weights and KV cache would count as this engine's use.
-    """
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def draw(

@@ -229,12 +229,16 @@ def test_include_stop_str_in_output_keeps_the_stop_string(llm: LLM) -> None:
 
 
 def test_a_callers_edit_of_prompt_token_ids_does_not_reach_the_engine(llm: LLM) -> None:
+    """As vLLM's, a request's outputs share one list of prompt ids: the engine's own is never handed out."""
     engine = llm.engine
     rid = engine.add_request([5, 6, 7], greedy(8, ignore_eos=True))
+    req = engine.groups[rid].root
     outputs = []
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.request_id == rid:
                 out.prompt_token_ids.append(99)  # the caller's copy
                 outputs.append(out)
-    assert len(outputs) >= 2 and all(o.prompt_token_ids == [5, 6, 7, 99] for o in outputs)
+    assert len(outputs) >= 2 and all(o.prompt_token_ids is outputs[0].prompt_token_ids for o in outputs)
+    assert outputs[0].prompt_token_ids == [5, 6, 7] + [99] * len(outputs)
+    assert req.prompt_token_ids == [5, 6, 7] and req.all_token_ids[:4] == [5, 6, 7, req.output_token_ids[0]]

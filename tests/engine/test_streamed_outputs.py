@@ -62,17 +62,19 @@ def test_first_token_time_is_the_first_tokens(llm: LLM) -> None:
 
 
 def test_an_output_s_prompt_ids_are_the_caller_s_to_change(llm: LLM) -> None:
-    """A caller editing a streamed output's prompt_token_ids changes neither the later outputs nor the request."""
+    """A caller editing a streamed output's prompt_token_ids changes neither the tokens nor the request."""
     want = llm.generate([PROMPT], greedy(6, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
     engine = llm.engine
     rid = engine.add_request(list(PROMPT), greedy(6, ignore_eos=True))
+    req = engine.groups[rid].root
     outs: list[RequestOutput] = []
     while engine.has_unfinished_requests():
         for o in engine.step():
             if o.request_id == rid:
                 outs.append(o)
                 o.prompt_token_ids.append(99)
-    assert all(o.prompt_token_ids == [*PROMPT, 99] for o in outs)  # each its own copy, edited once
+    assert len(outs) > 1 and outs[-1].prompt_token_ids == [*PROMPT] + [99] * len(outs)  # one list, shared
+    assert req.prompt_token_ids == PROMPT
     assert outs[-1].outputs[0].token_ids == want
 
 
