@@ -28,6 +28,9 @@ def release_dead_engines(device: torch.device) -> None:
 
 
 def freeze_startup_heap() -> None:
-    """Collects once, then moves every object still alive out of the cyclic collector's reach for good."""
-    gc.collect()
+    """Moves every object alive now out of the cyclic collector's reach, until the next engine's build.
+
+    Only the young generations are collected first: a build leaves no older garbage (the loader collects the
+    one cycle torch's first import makes), and a full collection here found none for 160 ms a build."""
+    gc.collect(1)
     gc.freeze()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import torch
+
 from roseinfer import LLM
 
 
@@ -26,3 +28,22 @@ def test_the_engine_is_frozen_once_built_and_thawed_by_the_next_build(llama_dir:
     second = LLM(llama_dir, **kwargs)
     assert alive() is None
     assert not _tracked(second.engine.core.runner)
+
+
+def test_a_build_leaves_no_garbage_of_its_own_to_freeze(llama_dir: str) -> None:
+    """Only the young generations are collected before the freeze: an engine's garbage frozen in an older one
+    would outlive it until the next build."""
+    gc.collect()
+    llm = LLM(llama_dir, device="cpu", dtype="float32", cpu_kv_tokens=256)
+    gc.unfreeze()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        ours = [
+            o for o in gc.garbage if isinstance(o, torch.Tensor) or type(o).__module__.startswith("roseinfer")
+        ]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.freeze()
+    assert llm.engine.core.runner is not None and not ours
