@@ -1,10 +1,10 @@
 """The engine's dealings with Python's cyclic garbage collector.
 
-A built engine holds a large, long-lived heap (torch, Triton, the model, the KV pool's bookkeeping): 340k
-objects for the smallest one, whose full collection takes 160-300 ms. Python runs one whenever enough objects
-have outlived the young generations, so a server would stall mid-stream, once in a while, for that long. As
-vLLM does after start-up, the heap alive once an engine is built is frozen (`gc.freeze`): full collections
-walk only what was made since.
+A built engine's process holds a large, long-lived heap (torch, Triton, the model, the KV pool's bookkeeping):
+431k tracked objects for qwen2.5-0.5b on an H100 host, whose full collection stalled a streamed W8 step for
+about 300 ms once a run (160 ms for 342k objects on a 2-core CPU). Python runs one whenever enough objects have
+outlived the young generations. As vLLM does after start-up, the heap alive once an engine is built is frozen
+(`gc.freeze`): full collections walk only what was made since.
 """
 
 from __future__ import annotations
