@@ -65,21 +65,32 @@ def plot_w3(w3: dict[str, Any], path: str) -> str | None:
 
 
 def plot_w8(report: dict[str, Any], path: str) -> str | None:
-    """W8: TTFT and TPOT (p50, p99) and output tokens/s against the offered arrival rate (finite rates only)."""
+    """W8: TTFT and TPOT (p50, p99) and output tokens/s against the offered arrival rate (finite rates only); a
+    peer's rows (`report["peer"]`, vLLM from `--peer vllm`) as dotted lines of the same colours."""
     plt = pyplot()
     if plt is None:
         return None
-    rows = sorted((r for r in report["rows"] if math.isfinite(r["rate"])), key=lambda r: r["rate"])
+
+    def finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted((r for r in rows if math.isfinite(r["rate"])), key=lambda r: r["rate"])
+
+    rows = finite(report["rows"])
     if not rows:  # only `inf` (every request at once): no rate axis to draw on
         return None
+    peer = report.get("peer") or {}
+    series = [("roseinfer", rows, ("o-", "s--"))]
+    if peer.get("rows"):
+        series.append((f"vLLM {peer.get('version', '')}".strip(), finite(peer["rows"]), ("x:", "+:")))
     rates = [r["rate"] for r in rows]
     fig, (ax_lat, ax_tput) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, color in (("ttft", "tab:blue"), ("tpot", "tab:orange")):
-        for q, style in (("p50", "o-"), ("p99", "s--")):
-            ax_lat.plot(
-                rates, [r[f"{name}_{q}_ms"] for r in rows], style, color=color, label=f"{name.upper()} {q}"
-            )
-    ax_tput.plot(rates, [r["output_tok_s"] for r in rows], "o-", label="output tok/s")
+    for engine, engine_rows, styles in series:
+        x = [r["rate"] for r in engine_rows]
+        prefix = "" if len(series) == 1 else f"{engine} "
+        for name, color in (("ttft", "tab:blue"), ("tpot", "tab:orange")):
+            for q, style in zip(("p50", "p99"), styles):
+                y = [r[f"{name}_{q}_ms"] for r in engine_rows]
+                ax_lat.plot(x, y, style, color=color, label=f"{prefix}{name.upper()} {q}")
+        ax_tput.plot(x, [r["output_tok_s"] for r in engine_rows], styles[0], label=f"{prefix}output tok/s")
     if report.get("saturated_at") is not None:
         ax_tput.axvline(report["saturated_at"], color="gray", linestyle=":", label="saturated")
     ax_lat.set(xlabel="arrival rate (req/s)", ylabel="ms", title="W8 latency", xscale="log", yscale="log")
@@ -88,7 +99,7 @@ def plot_w8(report: dict[str, Any], path: str) -> str | None:
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     fig.suptitle(_title(report.get("header", {})))
     _save(plt, fig, path)
     return path

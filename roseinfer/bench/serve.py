@@ -21,20 +21,23 @@ requests all at once (rate `inf`, vLLM's benchmark's default), the engine's offl
 the best Poisson rate is held against. `--rates` gives a fixed list instead (`inf` allowed). Each rate
 draws its own prompts (stream k = its index + 1; the warm-up is stream 0) and arrival gaps, from `--seed`.
 
-HF transformers has no online server to set beside it: `bench throughput` holds the comparisons with HF and with
-the hardware floor, offline.
+`--peer vllm` then runs the same requests, arrivals and stamps through vLLM's `AsyncLLM` (`bench/serve_vllm.py`,
+in a process of its own, once roseinfer's engine is gone) under the same limits, and prints the two side by side
+(the plot draws both). HF transformers has no online server to set beside it: `bench throughput` holds the
+comparisons with HF and with the hardware floor, offline.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import statistics
+import os
+import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from roseinfer.bench.device import sync
@@ -42,82 +45,29 @@ from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments
 from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.plots import plot_w8, report_plot_path
-from roseinfer.bench.prefix_common import format_table, percentile
+from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.prefix_online import add_arrived, poisson_offsets, warm_up_online
-from roseinfer.bench.workloads import Workload, token_id_range
+from roseinfer.bench.serve_common import (
+    COLUMNS,
+    LATENCIES,
+    SATURATION_GROWTH,
+    W8_MAX_RATE,
+    W8_NUM_REQUESTS,
+    W8_OUTPUT_LEN,
+    W8_PROMPT_LEN,
+    W8_START_RATE,
+    W8_WARMUP_REQUESTS,
+    ServeResult,
+    build_w8,
+)
+from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, run_peer_process, side_by_side
+from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
-from roseinfer.sampling_params import RequestOutputKind, SamplingParams
+from roseinfer.runner.gc_heap import release_dead_engines
 
-W8_PROMPT_LEN = 512
-W8_OUTPUT_LEN = 128
-W8_NUM_REQUESTS = 256  # a rate
-W8_START_RATE = 8.0
-W8_MAX_RATE = 1024.0
-W8_WARMUP_REQUESTS = 32
-SATURATION_GROWTH = 1.10  # output tok/s must grow by this much from one rate to the next, or the sweep stops
-LATENCIES = ("ttft", "tpot", "itl", "e2e")
-
-
-def build_w8(
-    vocab_size: int,
-    num_requests: int,
-    stream: int,
-    *,
-    prompt_len: int = W8_PROMPT_LEN,
-    output_len: int = W8_OUTPUT_LEN,
-    seed: int = 0,
-) -> Workload:
-    """W8's requests of one stream: random token ids from `default_rng([seed, stream])`."""
-    low, high = token_id_range(vocab_size)
-    rng = np.random.default_rng([seed, stream])
-    prompts = [rng.integers(low, high, size=prompt_len).tolist() for _ in range(num_requests)]
-    params = [
-        SamplingParams(
-            temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.DELTA
-        )
-        for _ in prompts
-    ]
-    standard = (prompt_len, output_len, num_requests) == (W8_PROMPT_LEN, W8_OUTPUT_LEN, W8_NUM_REQUESTS)
-    description = (
-        f"{num_requests} requests a rate, {prompt_len} random prompt tokens, {output_len} output tokens"
-    )
-    return Workload("W8", description, prompts, params, seed, not standard)
-
-
-@dataclass
-class ServeResult:
-    rate: float
-    ttft: list[float] = field(default_factory=list)
-    tpot: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-    wall_s: float = 0.0
-    output_tokens: int = 0
-    preemptions: int = 0
-    kv_usage_max: float = 0.0  # the largest share of KV blocks held after a step
-    max_step_s: float = 0.0  # the longest engine step: a stall (a compile, a collection) shows here
-    compiles: int = 0  # Triton kernel variants compiled during the run: each is a stall
-
-    def row(self) -> dict[str, Any]:
-        wall = self.wall_s if self.wall_s > 0 else float("nan")
-        row: dict[str, Any] = {
-            "rate": self.rate,
-            "requests": len(self.e2e),
-            "achieved_req_s": len(self.e2e) / wall,
-            "output_tok_s": self.output_tokens / wall,
-            "preemptions": self.preemptions,
-            "kv_usage_max": self.kv_usage_max,
-            "max_step_ms": self.max_step_s * 1e3,
-            "compiles": self.compiles,
-        }
-        for name in LATENCIES:
-            values = getattr(self, name)
-            row[f"{name}_mean_ms"] = statistics.fmean(values) * 1e3 if values else float("nan")
-            for q in (50, 95, 99):
-                row[f"{name}_p{q}_ms"] = percentile(values, q) * 1e3
-        return row
+__all__ = ["LATENCIES", "W8_NUM_REQUESTS", "ServeResult", "build_w8"]  # the W8 pieces, from serve_common
 
 
 def run_serving(
@@ -135,9 +85,6 @@ def run_serving(
     that returned them does."""
     n = workload.num_requests
     result = ServeResult(rate)
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    count: dict[str, int] = {}
     kv, scheduler = engine.core.kv, engine.core.scheduler
     preempted = scheduler.num_preemptions
     sync(engine.config.device)
@@ -160,20 +107,8 @@ def run_serving(
             now = time.monotonic()
             result.max_step_s = max(result.max_step_s, now - before)
             for out in outs:
-                rid, new = out.request_id, len(out.outputs[0].token_ids)
-                if new:
-                    if rid not in first:
-                        first[rid] = now
-                        result.ttft.append(now - arrival[rid])
-                    else:
-                        result.itl += [(now - last[rid]) / new] * new
-                    last[rid] = now
-                    count[rid] = count.get(rid, 0) + new
-                if out.finished:
-                    result.e2e.append(last[rid] - arrival[rid])
-                    if count[rid] > 1:
-                        result.tpot.append((last[rid] - first[rid]) / (count[rid] - 1))
-                    result.output_tokens += count[rid]
+                rid = out.request_id
+                if result.on_output(rid, len(out.outputs[0].token_ids), out.finished, now, arrival[rid]):
                     bar.update(1)
     result.wall_s = time.monotonic() - start
     result.compiles = sum(compiled.values())
@@ -223,27 +158,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    parser.add_argument(
+        "--peer",
+        choices=["vllm"],
+        default=None,
+        help="then run the same rates through vLLM's AsyncLLM (it must import: PYTHONPATH=/tmp/vsite:...)",
+    )
     add_engine_arguments(parser, prefix_caching_flag=True)
-
-
-COLUMNS = [
-    ("rate", "rate req/s", "g"),
-    ("achieved_req_s", "done req/s", ".2f"),
-    ("output_tok_s", "out tok/s", ".0f"),
-    *(
-        (f"{name}_{stat}_ms", f"{name.upper()} {stat} ms", ".1f")
-        for name in ("ttft", "tpot")
-        for stat in ("mean", "p50", "p99")
-    ),
-    ("itl_p50_ms", "ITL p50 ms", ".1f"),
-    ("itl_p95_ms", "ITL p95 ms", ".1f"),
-    ("itl_p99_ms", "ITL p99 ms", ".1f"),
-    ("e2e_p99_ms", "E2E p99 ms", ".0f"),
-    ("kv_usage_max", "KV max", ".0%"),
-    ("preemptions", "preempted", "d"),
-    ("max_step_ms", "max step ms", ".0f"),
-    ("compiles", "compiles", "d"),
-]
 
 
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -298,6 +219,24 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         "saturated_at": sat,
         "plots": {},
     }
+    if args.peer == "vllm":
+        del engine  # vLLM sizes its cache by the memory free when it starts
+        release_dead_engines(config.device)
+        if config.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(config.device)
+            print(
+                f"roseinfer's engine released: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free", flush=True
+            )
+        with tempfile.TemporaryDirectory() as tmp:
+            peer_json = os.path.join(tmp, "vllm.json")
+            cmd = peer_command(args, model, vocab, [r["rate"] for r in rows], config, peer_json)
+            peer = run_peer_process(cmd, peer_json)
+        report["peer"] = peer
+        if "error" in peer:
+            print(peer["error"], flush=True)
+        else:
+            title = f"W8 beside vLLM {peer['version']} (AsyncLLM in-process, the same requests and arrivals)"
+            print(format_table(title, COMPARE_COLUMNS, side_by_side(rows, peer["rows"])), flush=True)
     if args.json:
         made = plot_w8(report, report_plot_path(args.json, "W8"))
         if made:
@@ -308,5 +247,5 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_serve(args)
-    return 0
+    report = run_serve(args)
+    return 1 if "error" in report.get("peer", {}) else 0
