@@ -177,7 +177,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, prefix_caching_flag: b
         type=int,
         default=None,
         help="steps with prefill work of up to this many tokens replay CUDA graphs (0: eager; default: from the "
-        "model's size, 4096 for qwen2.5-0.5b, 512 for llama-3.1-8b)",
+        "model's size, 4096 for qwen2.5-0.5b, 1024 for llama-3.1-8b)",
     )
     engine.add_argument(
         "--admission-policy",

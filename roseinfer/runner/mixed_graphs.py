@@ -59,17 +59,20 @@ SEQ_ROWS = (
 # An eager step's host launch, per layer, and the rate of prefill GEMMs, as measured on the lent H100s:
 # 6-21 ms of host for qwen2.5-0.5b's 24 layers and 15-21 ms for llama-3.1-8b's 32, depending on the
 # host; cuBLAS at 650-765 TFLOP/s on prefill shapes. The low end is taken: a dearer host would raise
-# llama's cap, but graphs past 512 tokens gained it only 1-2% (docs/PERFORMANCE.md, fourteenth session).
+# llama's cap, but graphs past 512 tokens gained its offline throughput only 1-2% (docs/PERFORMANCE.md,
+# fourteenth session).
 EAGER_HOST_S_PER_LAYER = 250e-6
 PREFILL_GEMM_FLOPS_PER_S = 700e12
-# The automatic cap's bounds: below 512 even an 8B model's step is host-bound; above 4096 the graphs'
-# capture time and memory grow for steps of milliseconds of GPU on any model this engine serves.
-AUTO_MAX_TOKENS = (512, 4096)
+# The automatic cap's bounds. Below 1024 even an 8B model's step is host-bound: served at 4-16 req/s,
+# llama-3.1-8b's 512-token prompts beside a few decodes ran eager under a 512 cap, and graphed (cap 1024)
+# its ITL p99 fell from 20-36 ms to 14-16 ms (forty-fourth session). Above 4096 the graphs' capture time
+# and memory grow for steps of milliseconds of GPU on any model this engine serves.
+AUTO_MAX_TOKENS = (1024, 4096)
 
 
 def auto_mixed_graph_max_tokens(cfg: ModelConfig) -> int:
     """The token count at which a step's GEMMs (2 x layer params x tokens) take as long on the GPU as its
-    eager launch on the host, within AUTO_MAX_TOKENS: 4096 for qwen2.5-0.5b, 512 for llama-3.1-8b."""
+    eager launch on the host, within AUTO_MAX_TOKENS: 4096 for qwen2.5-0.5b, 1024 for llama-3.1-8b."""
     tokens = EAGER_HOST_S_PER_LAYER * PREFILL_GEMM_FLOPS_PER_S / (2 * cfg.layer_params())
     low, high = AUTO_MAX_TOKENS
     return int(min(max(tokens, low), high))
