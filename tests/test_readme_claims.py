@@ -109,12 +109,13 @@ def test_each_readme_flag_is_a_flag_with_a_valid_value() -> None:
     assert len(named) >= 20
     missing = sorted(f for f in named if f not in options)
     assert not missing, f"README names flags no command has: {missing}"
-    # `--flag value` spans: the value is one of the flag's choices wherever it has choices.
+    # `--flag value` spans: the value is one of the flag's choices, for some command whose flag has choices (`--peer`
+    # takes hf for `bench throughput` and vllm for `bench serve`).
     for span in SPANS:
         words = span.split()
         if len(words) == 2 and words[0] in options and not words[1].startswith("-"):
             choices = [a.choices for a in options[words[0]] if a.choices is not None]
-            assert all(words[1] in c for c in choices), f"`{span}`: not among {choices}"
+            assert not choices or any(words[1] in c for c in choices), f"`{span}`: not among {choices}"
 
 
 def test_each_readme_keyword_is_a_parameter_of_the_offline_api() -> None:
