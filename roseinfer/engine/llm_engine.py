@@ -181,11 +181,16 @@ class LLMEngine:
     def add_request(
         self,
         prompt: Prompt,
-        params: SamplingParams,
-        request_id: str | None = None,
+        params: SamplingParams | Prompt,
+        request_id: str | SamplingParams | None = None,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> str:
+        """Queues one request and returns its id (`request_id`, else a fresh one). vLLM's positional order,
+        `add_request(request_id, prompt, params)`, is taken too: its SamplingParams comes third, which in this
+        order is never a request id, so a client written for vLLM runs unchanged."""
+        if isinstance(request_id, SamplingParams) and isinstance(prompt, str):
+            prompt, params, request_id = params, request_id, prompt
         if isinstance(prompt, dict):
             cache_salt = prompt.get("cache_salt", cache_salt)
             prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")

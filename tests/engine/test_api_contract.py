@@ -242,3 +242,27 @@ def test_a_callers_edit_of_prompt_token_ids_does_not_reach_the_engine(llm: LLM) 
     assert len(outputs) >= 2 and all(o.prompt_token_ids is outputs[0].prompt_token_ids for o in outputs)
     assert outputs[0].prompt_token_ids == [5, 6, 7] + [99] * len(outputs)
     assert req.prompt_token_ids == [5, 6, 7] and req.all_token_ids[:4] == [5, 6, 7, req.output_token_ids[0]]
+
+
+def test_vllms_argument_order_names_the_same_request(llm: LLM) -> None:
+    """`add_request(request_id, prompt, params)`, as vLLM's engine takes it, queues the request under that id with
+    that prompt and params, as roseinfer's own order does."""
+    engine, rng = llm.engine, np.random.default_rng()
+    prompt = rng.integers(5, 60, size=int(rng.integers(3, 9))).tolist()
+    params = greedy(int(rng.integers(2, 6)), ignore_eos=True)
+
+    def run(rid: str) -> list[int]:
+        out: list[int] = []
+        while engine.has_unfinished_requests():
+            out = next((list(o.outputs[0].token_ids) for o in engine.step() if o.request_id == rid), out)
+        return out  # the last (cumulative) output's
+
+    assert engine.add_request(prompt, params, "ours") == "ours"
+    want = run("ours")
+    assert engine.add_request("vllms", prompt, params) == "vllms"
+    req = engine.groups["vllms"].root
+    assert req.prompt_token_ids == prompt and req.params.max_tokens == params.max_tokens
+    assert run("vllms") == want and len(want) == params.max_tokens
+    with pytest.raises(ValueError, match="SamplingParams"):  # neither order: still refused by name
+        engine.add_request("a", "b", "c")  # type: ignore[arg-type]
+    assert_serving(llm)
