@@ -132,6 +132,7 @@ def test_a_small_run_end_to_end(tmp_path, capsys):
     assert "saturation" not in out  # fixed rates: no sweep
     report = json.loads(path.read_text())
     assert report["header"]["scaled"] is True and report["saturated_at"] is None
+    assert report["startup"]["seconds"] > 0 and "\nStart-up: " in out
     assert [r["rate"] for r in report["rows"]] == [50.0, 400.0]
     for row in report["rows"]:
         assert row["requests"] == 6

@@ -50,8 +50,10 @@ def parse_block(text: str, name: str) -> dict[str, float]:
 
 def test_generate_default_model_prints_token_ids(capsys):
     assert main(["generate", "--max-tokens", "5", "--temperature", "0", "--ignore-eos"]) == 0
-    ids = capsys.readouterr().out.strip().split(",")
+    out = capsys.readouterr()
+    ids = out.out.strip().split(",")
     assert len(ids) == 5 and all(0 <= int(t) < 32000 for t in ids)
+    assert re.search(r"^# Start-up: [0-9.]+ s \(load model ", out.err, re.M)  # beside the output, not in it
 
 
 def test_generate_prompt_ids_greedy_is_deterministic(capsys):
@@ -114,6 +116,10 @@ def test_bench_throughput_all_modes_with_hf_peer(workload, capsys, tmp_path):
     for mode in ("naive", "static", "continuous"):
         assert f"Ratio roseinfer/HF (completion tok/s), {mode}:" in text
         assert report["ratio_to_hf"][mode] > 0
+        startup = report["startup"][mode]  # each mode's engine, its start-up
+        assert [s["name"] for s in startup["stages"]][0] == "load model" and startup["seconds"] > 0
+        assert startup["num_blocks"] == report["results"][mode]["extra"]["num_kv_blocks"]
+        assert re.search(rf"^{mode}: Start-up: [0-9.]+ s \(", text, re.M)
     assert report["header"]["workload"] == workload
     if torch.cuda.is_available():  # the floor comes from this device's measured limits
         roof = report["roofline"]

@@ -188,6 +188,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     print(format_header(header), flush=True)
     config, path = make_engine_config(model, **engine_kwargs(args, streams[0], "continuous"))
     engine = LLMEngine(config, path)
+    print(engine.core.startup.line(), flush=True)
     warm_up_online(engine, warm)
     rows: list[dict[str, Any]] = []
     for i, (rate, workload) in enumerate(zip(rates, streams)):
@@ -217,6 +218,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         | {"rates": [r["rate"] for r in rows], "warmup_requests": warm.num_requests},
         "rows": rows,
         "saturated_at": sat,
+        "startup": engine.core.startup.to_dict(),
         "plots": {},
     }
     if args.peer == "vllm":

@@ -39,6 +39,7 @@ from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import WORKLOADS, build_workload
 from roseinfer.config import SCHEDULER_MODES
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.engine.startup import StartupReport
 from roseinfer.entrypoints.arg_types import positive_int
 from roseinfer.entrypoints.llm import make_engine_config
 from roseinfer.kv.cache_dtype import resolve_kv_cache_dtype
@@ -121,10 +122,13 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     max_num_seqs = 0
     # Did any run reuse prompt KV? Then the floor counts each distinct prompt token once.
     prefix_caching = False
+    startup: dict[str, StartupReport] = {}
     for mode in modes:
         config, path = make_engine_config(model, **engine_kwargs(args, workload, mode))
         prefix_caching |= config.cache.enable_prefix_caching
         engine = LLMEngine(config, path, shared_model)
+        startup[mode] = engine.core.startup
+        print(f"{mode}: {startup[mode].line()}", flush=True)
         shared_model = engine.core.runner.model
         max_num_seqs = max(max_num_seqs, 1 if mode == "naive" else config.scheduler.max_num_seqs)
         run_engine(engine, warmup, f"{mode} (warm-up)")
@@ -177,6 +181,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
             else None
         ),
         "roofline": floor,
+        "startup": {mode: report.to_dict() for mode, report in startup.items()},
     }
     if args.json:
         write_json_report(args.json, report)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 from torch import nn
 
 from roseinfer.config import EngineConfig
+from roseinfer.engine.startup import StartupReport, StartupTimer
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.profiling import record
 from roseinfer.request import Request, RequestStatus
@@ -15,6 +17,8 @@ from roseinfer.runner.model_runner import ModelRunner
 from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.policy import AdmissionPolicy
 from roseinfer.scheduler.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,11 +45,21 @@ class StepStats:
 class EngineCore:
     def __init__(self, config: EngineConfig, model_path: str, model: nn.Module | None = None) -> None:
         self.config = config
-        self.runner = ModelRunner(config, model_path, model)
-        num_blocks = self.runner.determine_num_blocks()
-        self.runner.allocate_kv_cache(num_blocks)
-        self.runner.warm_up()
-        self.runner.capture_graphs()
+        timer = StartupTimer(config.device)
+        with timer.stage("load model"):
+            self.runner = ModelRunner(config, model_path, model)
+        with timer.stage("profile"):
+            num_blocks = self.runner.determine_num_blocks()
+        with timer.stage("KV cache"):
+            self.runner.allocate_kv_cache(num_blocks)
+        with timer.stage("kernel warm-up"):
+            self.runner.warm_up()
+        with timer.stage("CUDA graphs"):
+            self.runner.capture_graphs()
+        self.startup = StartupReport(
+            tuple(timer.stages), num_blocks, config.cache.block_size, *self.runner.num_graphs()
+        )
+        logger.info("%s", self.startup.line())
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(
             config.scheduler, self.kv, config.max_model_len, AdmissionPolicy(config.scheduler.policy)

@@ -248,6 +248,7 @@ def run_generate(args: argparse.Namespace) -> int:
     print(
         f"# {model} ({load_format} weights) on {device}; finish_reason={out.finish_reason}", file=sys.stderr
     )
+    print(f"# {llm.engine.core.startup.line()}", file=sys.stderr)
     if llm.tokenizer is not None:
         print(out.text)
     else:

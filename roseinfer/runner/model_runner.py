@@ -231,6 +231,12 @@ class ModelRunner:
             self.mixed_graphs = self.build_mixed_graphs(self.mixed_graph_max_tokens)
             self.mixed_graphs.capture()
 
+    def num_graphs(self) -> tuple[int, int]:
+        """Captured graphs: (decode, mixed-step)."""
+        decode = len(self.graphs.graphs) if self.graphs is not None else 0
+        mixed = len(self.mixed_graphs.graphs) if self.mixed_graphs is not None else 0
+        return decode, mixed
+
     def build_mixed_graphs(self, max_tokens: int, max_chunks: int = MAX_CHUNKS) -> MixedGraphs:
         return MixedGraphs(
             self._forward_hidden,
