@@ -175,7 +175,7 @@ class MixedGraphs:
         return self.forward(self.ids[:size], self.positions[:size], meta)
 
     def capture(self) -> None:
-        self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device)
+        self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device, "mixed-step graphs")
 
     def plan(self, step: HostStep) -> MixedPlan | None:
         """The smallest captured graph that holds the step, with the step's decodes and tile map; None: run
