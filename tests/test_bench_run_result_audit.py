@@ -19,6 +19,7 @@ from roseinfer.bench import throughput
 from roseinfer.bench.roofline_floor import roofline_floor
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
+from roseinfer.engine.startup import StartupReport
 from roseinfer.entrypoints.cli import main
 
 
@@ -104,7 +105,9 @@ def test_bench_throughput_reports_the_ratio_to_hf_and_the_floor_of_what_ran(
 
     class FakeEngine:
         def __init__(self, config: Any, path: str, model: Any) -> None:
-            self.core = SimpleNamespace(runner=SimpleNamespace(model="weights"))
+            self.core = SimpleNamespace(
+                runner=SimpleNamespace(model="weights"), startup=StartupReport((), 1, 16, 0, 0)
+            )
 
     bw, tf = float(rng.uniform(1e12, 5e12)), float(rng.uniform(100, 1000))
     monkeypatch.setattr(throughput, "make_engine_config", fake_config)

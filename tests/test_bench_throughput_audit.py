@@ -22,6 +22,7 @@ import torch
 from roseinfer.bench import env, throughput
 from roseinfer.bench.run_result import RunResult
 from roseinfer.bench.workloads import Workload, build_workload
+from roseinfer.engine.startup import StartupReport
 from roseinfer.entrypoints.cli import main
 from roseinfer.models.loader import BUILTIN_CONFIG_DIR
 
@@ -64,7 +65,9 @@ class Fakes:
 
         class FakeEngine:
             def __init__(self, config: Any, path: str, model: Any) -> None:
-                self.core = SimpleNamespace(runner=SimpleNamespace(model="weights"))
+                self.core = SimpleNamespace(
+                    runner=SimpleNamespace(model="weights"), startup=StartupReport((), 1, 16, 0, 0)
+                )
 
         for name, value in {
             "make_engine_config": fake_config, "bench_header": fake_header, "LLMEngine": FakeEngine,
@@ -128,7 +131,9 @@ def test_each_run_warms_up_on_other_prompts_first_and_hf_gets_its_batch_size(
     assert hf_timed.prompts == timed.prompts and hf_warm.prompts != timed.prompts and b1 == b2 == batch
     text = capsys.readouterr().out
     report = json.loads(out.read_text())
-    assert set(report) == {"header", "workload", "results", "peer", "ratio_to_hf", "roofline"}
+    assert set(report) == {"header", "workload", "results", "peer", "ratio_to_hf", "roofline", "startup"}
+    assert list(report["startup"]) == ["naive", "static", "continuous"]  # each mode's engine
+    assert report["startup"]["naive"] == StartupReport((), 1, 16, 0, 0).to_dict()
     assert report["workload"] == json.loads(json.dumps(timed.summary()))
     assert list(report["results"]) == ["naive", "static", "continuous"] == list(report["ratio_to_hf"])
     floor = report["roofline"]["floor_s"]

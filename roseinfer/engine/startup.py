@@ -78,4 +78,4 @@ class StartupReport:
         )
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"seconds": self.seconds}
+        return asdict(self) | {"stages": [asdict(s) for s in self.stages], "seconds": self.seconds}
