@@ -20,8 +20,8 @@ SHOWN_BYTES = GIB // 100
 class StartupStage:
     name: str
     seconds: float
-    # The drop in the device's free memory over the stage (`torch.cuda.mem_get_info`): what the stage kept,
-    # the CUDA context included where the stage made it; 0 off CUDA.
+    # The drop in the device's free memory over the stage (`torch.cuda.mem_get_info`): what the stage kept. The
+    # first reading, before any stage, makes the CUDA context, so no stage counts it. 0 off CUDA.
     device_bytes: int
 
 
