@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-GIB = 2**30
+from roseinfer.runner.kv_sizing import GIB
+
 # The line leaves out a stage under both (a warm-up that compiled nothing, say), and GiB under the second.
 SHOWN_SECONDS = 0.05
 SHOWN_BYTES = GIB // 100

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from roseinfer import LLM
-from roseinfer.engine.startup import GIB, StartupReport, StartupStage, StartupTimer
+from roseinfer.engine.startup import StartupReport, StartupStage, StartupTimer
+from roseinfer.runner.kv_sizing import GIB
 
 STAGES = ["load model", "profile", "KV cache", "kernel warm-up", "CUDA graphs"]
 
