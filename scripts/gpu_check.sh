@@ -4,7 +4,7 @@
 #   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
-#             layouts, policy, mixed, ttft, splits, tail, serve, serve-peers, ncu (on request)
+#             layouts, policy, mixed, ttft, splits, tail, serve, serve-peers, decode-peers, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz.
@@ -125,6 +125,17 @@ for s in "${sections[@]}"; do
         # shellcheck disable=SC2086
         run serve-vllm-$shape '^(=== |rate|-|[ 0-9]|W8|plot|vLLM|the vLLM|roseinfer)' env PYTHONPATH="/tmp/vsite:$PYTHONPATH" \
           $RI bench serve --model-shape $shape "${start[@]}" ${SERVE_ARGS:-} --peer vllm --no-progress --json "$LOGS/serve_vllm_$shape.json"
+      done ;;
+    decode-peers)  # a full batch's decode step through each engine's generate (`bench decode --peer vllm`), against
+                   # the floor, for DECODE_SHAPES (default both; qwen at b=1,16,64, llama at b=1,64), after the bundle's
+                   # six chunks as for peers; DECODE_ARGS adds options (e.g. --contexts 1024,4096).
+      P=${PEERS_DIR:-.vb5}
+      if [ ! -d /tmp/vsite/vllm ]; then run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"; fi
+      for shape in ${DECODE_SHAPES:-qwen2.5-0.5b llama-3.1-8b}; do
+        batches=1,16,64; [ "$shape" = llama-3.1-8b ] && batches=1,64
+        # shellcheck disable=SC2086
+        run decode-vllm-$shape '^(=== |batch|-|[ 0-9]|vLLM|the vLLM|Start-up)' env PYTHONPATH="/tmp/vsite:$PYTHONPATH" \
+          $RI bench decode --model-shape $shape --batches $batches ${DECODE_ARGS:-} --peer vllm --no-progress --json "$LOGS/decode_vllm_$shape.json"
       done ;;
     prefix)
       for w in W4 W5 cow-micro W2; do

@@ -20,6 +20,24 @@ from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.models.loader import DEFAULT_MODEL
 from roseinfer.scheduler.policy import POLICIES
 
+ENGINE_OPTIONS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "gpu_memory_utilization",
+    "attention_backend",
+    "num_kv_blocks",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "max_model_len",
+    "async_scheduling",
+    "fold_norms",
+    "pdl_decode",
+    "prefill_key_splits",
+    "admission_policy",
+    "mixed_graph_max_tokens",
+    "kv_cache_dtype",
+)
 CPU_KV_TOKENS = 16384  # make_engine_config's default pool on the CPU; grown to fit the workload
 
 
@@ -104,39 +122,29 @@ def warmup_workload(args: argparse.Namespace, workload: Workload, vocab_size: in
 def engine_kwargs(args: argparse.Namespace, workload: Workload, mode: str) -> dict[str, Any]:
     """make_engine_config keywords: explicit options win over the workload's, which win over defaults."""
     kw: dict[str, Any] = {"load_format": "dummy", "dtype": args.dtype, "scheduler_mode": mode}
-    if args.device is not None:
-        kw["device"] = args.device
     kw.update(workload.engine_overrides)
-    names = (
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "block_size",
-        "gpu_memory_utilization",
-        "attention_backend",
-        "num_kv_blocks",
-        "enable_prefix_caching",
-        "enable_chunked_prefill",
-        "max_model_len",
-        "async_scheduling",
-        "fold_norms",
-        "pdl_decode",
-        "prefill_key_splits",
-        "admission_policy",
-        "mixed_graph_max_tokens",
-        "kv_cache_dtype",
-    )
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None:
-            kw[name] = value
-    if args.enforce_eager:
-        kw["enforce_eager"] = True
+    kw.update(engine_options(args))
     # On the CPU the pool is sized in tokens: make the whole workload fit, as it would on a GPU.
     block = kw.get("block_size", 16)
     need = sum(
         -(-(len(p) + s.max_tokens) // block) * block for p, s in zip(workload.prompts, workload.params)
     )
     kw["cpu_kv_tokens"] = max(CPU_KV_TOKENS, need)
+    return kw
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The make_engine_config keywords of the options given on the command line (`add_engine_arguments`'s and
+    `--device`); an option left out is not in the dict."""
+    kw: dict[str, Any] = {}
+    if args.device is not None:
+        kw["device"] = args.device
+    for name in ENGINE_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None:
+            kw[name] = value
+    if args.enforce_eager:
+        kw["enforce_eager"] = True
     return kw
 
 

@@ -60,7 +60,8 @@ from roseinfer.bench.serve_common import (
     ServeResult,
     build_w8,
 )
-from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, run_peer_process, side_by_side
+from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, side_by_side
+from roseinfer.bench.vllm_peer import run_peer_process
 from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int

@@ -21,10 +21,7 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -33,19 +30,17 @@ from tqdm.auto import tqdm
 from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.prefix_online import poisson_offsets
 from roseinfer.bench.serve_common import PEER_COLUMNS, ServeResult, build_w8
+from roseinfer.bench.vllm_peer import (
+    add_limit_arguments,
+    engine_args,
+    limit_flags,
+    model_dir,
+    remove_model_dir,
+    set_vllm_env,
+)
 from roseinfer.bench.workloads import Workload
-from roseinfer.entrypoints.arg_types import arrival_rates, memory_fraction, positive_int
-from roseinfer.models.loader import resolve_model_path
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
 
-# Set before vLLM is imported: FlashInfer is not in the bundle (its sampler would be probed), and the machine
-# has no network.
-VLLM_ENV = {
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 NUM_WARMUP_ALONE = 4
 UNMEASURED = ("preemptions", "kv_usage_max", "max_step_ms", "compiles")  # roseinfer's engine-side columns
 
@@ -90,38 +85,13 @@ def peer_command(
         str(args.seed),
         "--vocab-size",
         str(vocab_size),
-        "--dtype",
-        str(config.dtype).removeprefix("torch."),
-        "--max-num-seqs",
-        str(config.scheduler.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(config.scheduler.max_num_batched_tokens),
-        "--gpu-memory-utilization",
-        str(config.cache.gpu_memory_utilization),
-        "--enable-prefix-caching" if config.cache.enable_prefix_caching else "--no-enable-prefix-caching",
-        "--block-size",
-        str(config.cache.block_size),
-        "--kv-cache-dtype",
-        config.cache.kv_cache_dtype,
+        *limit_flags(config),
         "--json",
         path,
     ]
-    if config.max_model_len:
-        cmd += ["--max-model-len", str(config.max_model_len)]
-    if config.enforce_eager:
-        cmd.append("--enforce-eager")
     if args.no_progress:
         cmd.append("--no-progress")
     return cmd
-
-
-def run_peer_process(cmd: list[str], path: str) -> dict[str, Any]:
-    """Runs the peer's command (its output passes through); its report, or {"error": ...} if it failed."""
-    code = subprocess.run(cmd, check=False).returncode
-    if code != 0 or not os.path.exists(path):
-        return {"error": f"the vLLM peer exited with {code}: {' '.join(cmd)}"}
-    with open(path) as f:
-        return json.load(f)
 
 
 def side_by_side(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -135,39 +105,6 @@ def side_by_side(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> li
 
 
 # -- the peer's process ----------------------------------------------------------------------------------
-
-
-def model_dir(model: str) -> tuple[str, str | None]:
-    """A directory vLLM can build `model` from with dummy weights: the model's own, or (a built-in shape or a
-    config file) a temporary one holding its config. Returns (directory, temporary directory to remove)."""
-    path = resolve_model_path(model, need_weights=False)
-    if os.path.isdir(path):
-        return path, None
-    tmp = tempfile.mkdtemp(prefix="roseinfer_vllm_")
-    shutil.copyfile(path, os.path.join(tmp, "config.json"))
-    return tmp, tmp
-
-
-def engine_args(args: argparse.Namespace, directory: str) -> dict[str, Any]:
-    """vLLM's engine arguments: the model, dummy weights, no tokenizer, and roseinfer's limits."""
-    kw: dict[str, Any] = {
-        "model": directory,
-        "load_format": "dummy",
-        "dtype": args.dtype,
-        "skip_tokenizer_init": True,
-        "seed": args.seed,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "enable_prefix_caching": args.enable_prefix_caching,
-        "enforce_eager": args.enforce_eager,
-        "kv_cache_dtype": args.kv_cache_dtype,
-    }
-    if args.max_model_len is not None:
-        kw["max_model_len"] = args.max_model_len
-    if args.block_size is not None:
-        kw["block_size"] = args.block_size
-    return kw
 
 
 def sampling_params(vllm_params: Any, output_kind: Any, output_len: int) -> Any:
@@ -259,8 +196,7 @@ async def serve_w8(args: argparse.Namespace) -> dict[str, Any]:
             report["rows"].append(peer_row(result))
     finally:
         engine.shutdown()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_model_dir(tmp)
     return report
 
 
@@ -274,19 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=positive_int, required=True)
     p.add_argument("--output-len", type=positive_int, required=True)
     p.add_argument("--warmup-requests", type=positive_int, required=True)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--vocab-size", type=positive_int, required=True, help="the vocabulary prompts are drawn from"
     )
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--max-num-seqs", type=positive_int, required=True)
-    p.add_argument("--max-num-batched-tokens", type=positive_int, required=True)
-    p.add_argument("--gpu-memory-utilization", type=memory_fraction, required=True)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, required=True)
-    p.add_argument("--max-model-len", type=positive_int, default=None)
-    p.add_argument("--block-size", type=positive_int, default=None)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--enforce-eager", action="store_true")
+    add_limit_arguments(p)
     p.add_argument("--json", required=True, metavar="PATH", help="where the rows go")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -294,8 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name, value in VLLM_ENV.items():
-        os.environ.setdefault(name, value)
+    set_vllm_env()
     report = asyncio.run(serve_w8(args))
     print(format_table(f"vLLM {report['version']}, W8", PEER_COLUMNS, report["rows"]), flush=True)
     with open(args.json, "w") as f:

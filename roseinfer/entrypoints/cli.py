@@ -46,6 +46,10 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
         "roseinfer.bench.roofline",
         "decode and prefill step times as multiples of the hardware floor (GPU)",
     ),
+    "decode": (
+        "roseinfer.bench.decode_steps",
+        "a full batch's decode step through generate, against the floor and vLLM (--peer vllm)",
+    ),
     "throughput": (
         "roseinfer.bench.throughput",
         "offline throughput of a workload; naive/static/continuous; HF peer",
