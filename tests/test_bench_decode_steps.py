@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from roseinfer.bench import decode_steps
+from roseinfer.bench import decode_steps, plots
 from roseinfer.bench.decode_steps import (
     Window,
     add_floors,
@@ -171,6 +171,7 @@ def test_bench_decode_times_roseinfers_steps_on_the_cpu(tmp_path, capsys):
     assert all(r["long_s"] > 0 and r["short_s"] > 0 for r in rows)
     assert all("floor_ms" not in r for r in rows)  # the floor needs a GPU's measured bandwidth
     assert "decode step, steady" in out and "4-step window" in out
+    assert report["plots"] == {"decode": str(tmp_path / "decode.decode.png")}
 
 
 def test_the_peer_runs_the_same_cells_under_roseinfers_limits(fake_vllm, tmp_path, capsys):
@@ -221,3 +222,35 @@ def test_a_peer_that_fails_says_so_and_keeps_roseinfers_rows(fake_vllm, tmp_path
     report = json.loads(path.read_text())
     assert len(report["rows"]) == 2 and "error" in report["peer"]
     assert all("peer_step_ms" not in r for r in report["rows"])
+
+
+def decode_report(floors: bool, peer: bool) -> dict:
+    rows = []
+    for context in (512, 1024):
+        for batch in (1, 8, 64):
+            row = {"batch": batch, "context": context, "step_ms": 1.0 + batch / 64}
+            if floors:
+                row |= {"floor_ms": 0.5, "x_floor": row["step_ms"] / 0.5}
+            if peer:
+                row |= {"peer_step_ms": 3.0}
+                row |= {"peer_x_floor": 6.0} if floors else {}
+            rows.append(row)
+    return {
+        "header": {"workload": "decode-steps", "model_shape": "m", "device": "d", "commit": "c"},
+        "rows": rows,
+    }
+
+
+@pytest.mark.parametrize(("floors", "peer"), [(True, True), (True, False), (False, True), (False, False)])
+def test_the_decode_plot_is_a_png(tmp_path, floors, peer):
+    path = tmp_path / "d.png"
+    assert plots.plot_decode(decode_report(floors, peer), str(path)) == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_draws_a_saved_decode_report(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(decode_report(True, True)))
+    assert main(["bench", "plot", str(path)]) == 0
+    assert f"plot decode: {tmp_path / 'run.decode.png'}" in capsys.readouterr().out
+    assert (tmp_path / "run.decode.png").exists()

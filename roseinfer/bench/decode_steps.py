@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_options
 from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwidth, write_json_report
+from roseinfer.bench.plots import plot_decode, report_plot_path
 from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.roofline import decode_floor_bytes
 from roseinfer.bench.vllm_peer import limit_flags, run_peer_process
@@ -281,6 +282,10 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     title = f"decode step, steady, as each engine's generate loop runs it ({window.steps}-step window)"
     print(format_table(title, COLUMNS, rows), flush=True)
     if args.json:
+        made = plot_decode(report, report_plot_path(args.json, "decode"))
+        report["plots"] = {"decode": made} if made else {}
+        if made:
+            print(f"plot: {made}", flush=True)
         write_json_report(args.json, report)
     return report
 

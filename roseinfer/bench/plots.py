@@ -167,6 +167,39 @@ def plot_roofline(result: dict[str, Any], path: str) -> str | None:
     return path
 
 
+def plot_decode(report: dict[str, Any], path: str) -> str | None:
+    """`bench decode`: each engine's step time by batch, per context, and (on a GPU) as a multiple of the floor."""
+    plt = pyplot()
+    if plt is None or not report.get("rows"):
+        return None
+    rows = report["rows"]
+    floors = all("floor_ms" in r for r in rows)
+    peer = any("peer_step_ms" in r for r in rows)
+    fig, axes = plt.subplots(1, 2 if floors else 1, figsize=(11 if floors else 6, 4), squeeze=False)
+    panels = [("step_ms", "peer_step_ms", "ms a step", "decode step")]
+    if floors:
+        panels.append(("x_floor", "peer_x_floor", "x floor", "decode step / its floor"))
+    for ax, (ours, theirs, ylabel, title) in zip(axes[0], panels):
+        for context in sorted({r["context"] for r in rows}):
+            cells = sorted((r for r in rows if r["context"] == context), key=lambda r: r["batch"])
+            batches = [r["batch"] for r in cells]
+            ax.plot(batches, [r[ours] for r in cells], "o-", label=f"roseinfer ctx {context}")
+            if peer:
+                ax.plot(batches, [r.get(theirs) for r in cells], "x:", label=f"vLLM ctx {context}")
+        if ours == "x_floor":
+            ax.axhline(1.0, color="gray", linestyle="--", label="floor")
+        ax.set(xlabel="batch", ylabel=ylabel, title=title, xscale="log")
+        ax.set_xticks(
+            sorted({r["batch"] for r in rows}), [str(b) for b in sorted({r["batch"] for r in rows})]
+        )
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle(_title(report.get("header", {})))
+    _save(plt, fig, path)
+    return path
+
+
 def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
     """Every plot a saved report holds, written as `<base>.<name>.png`: name -> path (None: not drawn)."""
     if not isinstance(report, dict):
@@ -176,17 +209,20 @@ def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
         return {"roofline": plot_roofline(report, report_plot_path(base, "roofline"))}
     if workload == "W8" and "rows" in report:
         return {"W8": plot_w8(report, report_plot_path(base, "W8"))}
+    if workload == "decode-steps" and "rows" in report:
+        return {"decode": plot_decode(report, report_plot_path(base, "decode"))}
     if "W3" in report.get("results", {}):
         return {"W3": plot_w3(report["results"]["W3"], report_plot_path(base, "W3"))}
     raise ValueError(
-        f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline`, `bench serve`"
-        " and `bench prefix` reports with W3"
+        f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline`, `bench serve`,"
+        " `bench decode` and `bench prefix` reports with W3"
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "report", help="a report that `bench roofline`, `bench serve` or `bench prefix` wrote with --json"
+        "report",
+        help="a report that `bench roofline`, `bench serve`, `bench decode` or `bench prefix` wrote with --json",
     )
     parser.add_argument(
         "--out",
