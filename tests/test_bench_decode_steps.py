@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from roseinfer.bench.decode_steps import (
     window_prompts,
 )
 from roseinfer.entrypoints.cli import main
+from tests.fake_vllm import REPO, entries, install_fake_vllm
 
-REPO = Path(__file__).resolve().parents[1]
 BASE_S = 0.030  # the stand-in's time for a generate call, plus
 STEP_S = 0.006  # this much a token of output
 
@@ -63,22 +62,7 @@ class LLM:
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "fake"
-    for name, text in FAKE.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    log = tmp_path / "vllm.log"
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(root), str(REPO), os.environ.get("PYTHONPATH", "")])
-    )
-    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
-    monkeypatch.setenv("FAKE_VLLM_BASE_S", str(BASE_S))
-    monkeypatch.setenv("FAKE_VLLM_STEP_S", str(STEP_S))
-    return log
-
-
-def entries(log: Path, kind: str) -> list[dict]:
-    return [e for line in log.read_text().splitlines() if (e := json.loads(line))["kind"] == kind]
+    return install_fake_vllm(tmp_path, monkeypatch, FAKE, base_s=BASE_S, step_s=STEP_S)
 
 
 def test_the_window_centres_its_steps_on_the_context():

@@ -6,7 +6,6 @@ without losing roseinfer's figures."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,8 @@ from roseinfer.bench import plots, serve_vllm
 from roseinfer.bench.prefix_online import poisson_offsets
 from roseinfer.bench.serve_common import build_w8
 from roseinfer.entrypoints.cli import main
+from tests.fake_vllm import REPO, entries, install_fake_vllm
 
-REPO = Path(__file__).resolve().parents[1]
 FIRST_S = 0.040  # the stand-in's delay to a request's first token
 NEXT_S = 0.010  # and between its later tokens
 
@@ -86,21 +85,7 @@ class AsyncLLM:
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "fake"
-    for name, text in FAKE.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    log = tmp_path / "vllm.log"
-    path = os.pathsep.join([str(root), str(REPO), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)
-    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
-    monkeypatch.setenv("FAKE_VLLM_FIRST_S", str(FIRST_S))
-    monkeypatch.setenv("FAKE_VLLM_NEXT_S", str(NEXT_S))
-    return log
-
-
-def entries(log: Path, kind: str) -> list[dict]:
-    return [e for line in log.read_text().splitlines() if (e := json.loads(line))["kind"] == kind]
+    return install_fake_vllm(tmp_path, monkeypatch, FAKE, first_s=FIRST_S, next_s=NEXT_S)
 
 
 def test_the_peer_sends_w8s_requests_at_their_arrivals_and_stamps_its_stream(fake_vllm, tmp_path):

@@ -37,7 +37,7 @@ from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwi
 from roseinfer.bench.plots import plot_decode, report_plot_path
 from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.roofline import decode_floor_bytes
-from roseinfer.bench.vllm_peer import limit_flags, run_peer_process
+from roseinfer.bench.vllm_peer import add_peer_option, limit_flags, run_peer_process
 from roseinfer.entrypoints.arg_types import positive_int
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.runner.gc_heap import release_dead_engines
@@ -195,12 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="prompts seed")
     parser.add_argument("--json", default=None, metavar="PATH", help="write every number here")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-    parser.add_argument(
-        "--peer",
-        choices=["vllm"],
-        default=None,
-        help="then time vLLM's LLM.generate the same way (it must import: PYTHONPATH=/tmp/vsite:...)",
-    )
+    add_peer_option(parser, "the same cells (its LLM.generate, timed the same way)")
     add_engine_arguments(parser, prefix_caching_flag=False)
 
 

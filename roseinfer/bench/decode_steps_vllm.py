@@ -11,19 +11,18 @@ The parent passes the limits roseinfer's engine ran with (`vllm_peer.limit_flags
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 import time
 from typing import Any
 
 from roseinfer.bench.decode_steps import Generate, Window, check_lengths, int_list, measure_steps
 from roseinfer.bench.vllm_peer import (
-    add_limit_arguments,
     engine_args,
+    exit_peer_process,
     model_dir,
+    peer_parser,
     remove_model_dir,
     set_vllm_env,
+    write_peer_report,
 )
 from roseinfer.entrypoints.arg_types import positive_int
 
@@ -66,21 +65,12 @@ def time_vllm(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.bench.decode_steps_vllm", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--model", required=True, help="a built-in shape, a config.json or an HF-format directory")
+    p = peer_parser("roseinfer.bench.decode_steps_vllm", __doc__)
     p.add_argument("--batches", type=int_list, required=True)
     p.add_argument("--contexts", type=int_list, required=True)
     p.add_argument("--short", type=positive_int, default=32)
     p.add_argument("--long", type=positive_int, default=160)
     p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument(
-        "--vocab-size", type=positive_int, required=True, help="the vocabulary prompts are drawn from"
-    )
-    add_limit_arguments(p)
-    p.add_argument("--json", required=True, metavar="PATH", help="where the rows go")
-    p.add_argument("--no-progress", action="store_true")
     return p
 
 
@@ -92,13 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"vLLM decode b={row['batch']} ctx={row['context']}: {row['step_ms']:.3f} ms a step", flush=True
         )
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
+    write_peer_report(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # vLLM's engine-core process and threads can hang an orderly interpreter exit
+    exit_peer_process(main)

@@ -39,6 +39,14 @@ def _save(plt: ModuleType, fig: Any, path: str) -> None:
     plt.close(fig)
 
 
+def _finish_log_x(ax: Any, ticks: list[float], label: str = "{:g}") -> None:
+    """A log x axis labelled at `ticks` only, a light grid and a small legend."""
+    ax.set_xticks(ticks, [label.format(t) for t in ticks])
+    ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+
+
 def _title(header: dict[str, Any]) -> str:
     return f"{header.get('model_shape', '?')} on {header.get('device', '?')} at {header.get('commit', '?')}"
 
@@ -96,10 +104,7 @@ def plot_w8(report: dict[str, Any], path: str) -> str | None:
     ax_lat.set(xlabel="arrival rate (req/s)", ylabel="ms", title="W8 latency", xscale="log", yscale="log")
     ax_tput.set(xlabel="arrival rate (req/s)", ylabel="output tok/s", title="W8 throughput", xscale="log")
     for ax in (ax_lat, ax_tput):
-        ax.set_xticks(rates, [f"{r:g}" for r in rates])
-        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        _finish_log_x(ax, rates)
     fig.suptitle(_title(report.get("header", {})))
     _save(plt, fig, path)
     return path
@@ -189,12 +194,7 @@ def plot_decode(report: dict[str, Any], path: str) -> str | None:
         if ours == "x_floor":
             ax.axhline(1.0, color="gray", linestyle="--", label="floor")
         ax.set(xlabel="batch", ylabel=ylabel, title=title, xscale="log")
-        ax.set_xticks(
-            sorted({r["batch"] for r in rows}), [str(b) for b in sorted({r["batch"] for r in rows})]
-        )
-        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        _finish_log_x(ax, sorted({r["batch"] for r in rows}))
     fig.suptitle(_title(report.get("header", {})))
     _save(plt, fig, path)
     return path

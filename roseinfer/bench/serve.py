@@ -61,7 +61,7 @@ from roseinfer.bench.serve_common import (
     build_w8,
 )
 from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, side_by_side
-from roseinfer.bench.vllm_peer import run_peer_process
+from roseinfer.bench.vllm_peer import add_peer_option, run_peer_process
 from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int
@@ -159,12 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
-    parser.add_argument(
-        "--peer",
-        choices=["vllm"],
-        default=None,
-        help="then run the same rates through vLLM's AsyncLLM (it must import: PYTHONPATH=/tmp/vsite:...)",
-    )
+    add_peer_option(parser, "the same rates and requests (its AsyncLLM)")
     add_engine_arguments(parser, prefix_caching_flag=True)
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import sys
 import time
 from typing import Any
@@ -31,12 +29,14 @@ from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.prefix_online import poisson_offsets
 from roseinfer.bench.serve_common import PEER_COLUMNS, ServeResult, build_w8
 from roseinfer.bench.vllm_peer import (
-    add_limit_arguments,
     engine_args,
+    exit_peer_process,
     limit_flags,
     model_dir,
+    peer_parser,
     remove_model_dir,
     set_vllm_env,
+    write_peer_report,
 )
 from roseinfer.bench.workloads import Workload
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
@@ -201,21 +201,12 @@ async def serve_w8(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m roseinfer.bench.serve_vllm", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--model", required=True, help="a built-in shape, a config.json or an HF-format directory")
+    p = peer_parser("roseinfer.bench.serve_vllm", __doc__)
     p.add_argument("--rates", type=arrival_rates, required=True, help="the rates roseinfer ran, in its order")
     p.add_argument("--num-requests", type=positive_int, required=True)
     p.add_argument("--prompt-len", type=positive_int, required=True)
     p.add_argument("--output-len", type=positive_int, required=True)
     p.add_argument("--warmup-requests", type=positive_int, required=True)
-    p.add_argument(
-        "--vocab-size", type=positive_int, required=True, help="the vocabulary prompts are drawn from"
-    )
-    add_limit_arguments(p)
-    p.add_argument("--json", required=True, metavar="PATH", help="where the rows go")
-    p.add_argument("--no-progress", action="store_true")
     return p
 
 
@@ -224,13 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     set_vllm_env()
     report = asyncio.run(serve_w8(args))
     print(format_table(f"vLLM {report['version']}, W8", PEER_COLUMNS, report["rows"]), flush=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
+    write_peer_report(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # vLLM's engine-core process and threads can hang an orderly interpreter exit
+    exit_peer_process(main)

@@ -9,8 +9,10 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from roseinfer.config import EngineConfig
 from roseinfer.entrypoints.arg_types import memory_fraction, positive_int
@@ -54,6 +56,42 @@ def limit_flags(config: EngineConfig) -> list[str]:
     if config.enforce_eager:
         flags.append("--enforce-eager")
     return flags
+
+
+def add_peer_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """A bench command's `--peer vllm`: `what` says what the peer then runs."""
+    parser.add_argument(
+        "--peer",
+        choices=["vllm"],
+        default=None,
+        help=f"then run {what} through vLLM (it must import: PYTHONPATH=/tmp/vsite:...)",
+    )
+
+
+def peer_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A peer process's parser: the model, the vocabulary its prompts come from, roseinfer's limits (`limit_flags`),
+    where the report goes; the command adds its own."""
+    p = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc.splitlines()[0])
+    p.add_argument("--model", required=True, help="a built-in shape, a config.json or an HF-format directory")
+    p.add_argument(
+        "--vocab-size", type=positive_int, required=True, help="the vocabulary prompts are drawn from"
+    )
+    p.add_argument("--json", required=True, metavar="PATH", help="where the rows go")
+    p.add_argument("--no-progress", action="store_true")
+    add_limit_arguments(p)
+    return p
+
+
+def write_peer_report(path: str, report: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+def exit_peer_process(main: Callable[[], int]) -> NoReturn:
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # vLLM's engine-core process and threads can hang an orderly interpreter exit
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:

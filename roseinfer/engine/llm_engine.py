@@ -29,6 +29,26 @@ from roseinfer.sampling_params import SamplingParams
 
 # Text, token ids, or a dict: {"prompt" | "prompt_token_ids": ..., "cache_salt": ...}.
 Prompt = str | list[int] | tuple[int, ...] | np.ndarray | dict[str, Any]
+PROMPT_DICT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
+
+
+def unpack_prompt(prompt: Prompt) -> tuple[Any, str | None]:
+    """(text or token ids, cache salt) of a prompt; a dict prompt takes vLLM's keys, and any other key (a
+    multimodal input, a misspelling) is refused by name rather than dropped."""
+    if not isinstance(prompt, dict):
+        return prompt, None
+    unknown = sorted(map(str, set(prompt) - set(PROMPT_DICT_KEYS)))
+    if unknown or not ("prompt" in prompt or "prompt_token_ids" in prompt):
+        what = (
+            f"has key(s) {unknown} this engine does not take"
+            if unknown
+            else "has neither 'prompt' nor 'prompt_token_ids'"
+        )
+        raise ValueError(
+            f"a dict prompt {what}; its keys: 'prompt' (text) or 'prompt_token_ids', and 'cache_salt'"
+        )
+    inner = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
+    return inner, prompt.get("cache_salt")
 
 
 class LLMEngine:
@@ -192,8 +212,8 @@ class LLMEngine:
         if isinstance(request_id, SamplingParams) and isinstance(prompt, str):
             prompt, params, request_id = params, request_id, prompt
         if isinstance(prompt, dict):
-            cache_salt = prompt.get("cache_salt", cache_salt)
-            prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
+            prompt, salt = unpack_prompt(prompt)
+            cache_salt = cache_salt if salt is None else salt
         self._check_alive()
         ids, resolved = self.validate(prompt, params)
         unresolved, params = params.max_tokens is None, resolved
@@ -348,7 +368,9 @@ def checked_token_ids(prompt: list, vocab: int) -> list[int]:
     for i, t in enumerate(ids):
         if isinstance(t, float) and math.isnan(t):
             raise ValueError(f"prompt token id at position {i} is NaN")
-        if not isinstance(t, int | np.integer) or isinstance(t, bool) or not 0 <= t < vocab:
+        if not isinstance(t, int | np.integer) or isinstance(t, bool):
+            raise ValueError(f"prompt token id {t!r} at position {i} is not an integer ({type(t).__name__})")
+        if not 0 <= t < vocab:
             raise ValueError(f"prompt token id {t!r} at position {i} is outside the vocabulary [0, {vocab})")
     return ids
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from roseinfer.engine.llm_engine import unpack_prompt
 from roseinfer.logprobs import Logprob
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams, is_int
 
@@ -95,14 +96,6 @@ class _Instance:
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
 
-def _unpack(prompt: Any) -> tuple[Any, str | None]:
-    """A prompt as generate takes it: text, token ids, or {"prompt" | "prompt_token_ids": ..., "cache_salt"}."""
-    if isinstance(prompt, dict):
-        inner = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt", "")
-        return inner, prompt.get("cache_salt")
-    return prompt, None
-
-
 def run_beam_search(
     llm: LLM, prompts: Sequence[Any], params: BeamSearchParams, use_tqdm: bool = False
 ) -> list[BeamSearchOutput]:
@@ -127,7 +120,7 @@ def run_beam_search(
         ) from e
     instances = []
     for i, prompt in enumerate(prompts):
-        inner, salt = _unpack(prompt)
+        inner, salt = unpack_prompt(prompt)
         try:
             # The whole search's length up front: a beam must never outgrow the context mid-search.
             ids, _ = engine.validate(inner, SamplingParams(max_tokens=params.max_tokens, logprobs=2 * width))

@@ -44,6 +44,11 @@ def good() -> SamplingParams:
         ([1, math.nan], "prompt token id at position 1 is NaN"),
         ([5] * 600, "prompt has 600 tokens; the model context is 512"),
         (3.5, "prompt must be a string or a list of token ids"),
+        ([1, True], r"prompt token id True at position 1 is not an integer \(bool\)"),
+        ([[1, 2]], r"prompt token id \[1, 2\] at position 0 is not an integer \(list\)"),
+        ({"text": "hi"}, r"a dict prompt has key\(s\) \['text'\] this engine does not take"),
+        ({"cache_salt": "s"}, "a dict prompt has neither 'prompt' nor 'prompt_token_ids'"),
+        ({"prompt_token_ids": [5, 6], "multi_modal_data": {}}, r"key\(s\) \['multi_modal_data'\]"),
     ],
 )
 def test_bad_prompt_rejected_others_complete(llm, prompt, message):
