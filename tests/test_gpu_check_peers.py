@@ -70,3 +70,51 @@ def test_peers_section_runs_every_step_and_divides_the_right_numbers(tmp_path: P
     with tarfile.open(out / "gpu_check_logs.tgz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"vllm-qwen2.5-0.5b.log", "W2-lof-512_llama-3.1-8b.json"} <= names
+
+
+# Logs each call's shape, its arguments after the shape and the PYTHONPATH it ran with; prints a table row.
+FAKE_DECODE_RI = """
+echo "$PYTHONPATH | $*" >> "$DECODE_CALLS"
+echo "   64  1024     0.428         1.035     2.42    4.058     9.48              3.92"
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="bash script")
+def test_decode_peers_section_times_both_shapes_beside_vllm(tmp_path: Path) -> None:
+    peers = tmp_path / "peers"
+    peers.mkdir()
+    (peers / "install.sh").write_text('echo "offline-path imports checked in 1.0s"\n')
+    (tmp_path / "ri.sh").write_text(FAKE_DECODE_RI)
+    calls, logs = tmp_path / "calls.txt", tmp_path / "logs"
+    env = dict(
+        os.environ,
+        GPU_CHECK_LOGS=str(logs),
+        PEERS_DIR=str(peers),
+        RI=f"bash {tmp_path}/ri.sh",
+        DECODE_CALLS=str(calls),
+        DECODE_ARGS="--contexts 1024,4096",
+    )
+    env.pop("OUT", None)
+    run = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "decode-peers"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all(line.startswith("/tmp/vsite:") for line in lines)
+    expected = {
+        "qwen2.5-0.5b": "--batches 1,16,64",
+        "llama-3.1-8b": "--batches 1,64",
+    }
+    for line, (shape, batches) in zip(lines, expected.items(), strict=True):
+        args = line.split(" | ", 1)[1]
+        assert args == (
+            f"bench decode --model-shape {shape} {batches} --contexts 1024,4096 --peer vllm --no-progress "
+            f"--json {logs}/decode_vllm_{shape}.json"
+        )
+    assert "decode-vllm-qwen2.5-0.5b ok" in run.stdout and "decode-vllm-llama-3.1-8b ok" in run.stdout
+    assert "4.058" in run.stdout  # each section's table rows reach the summary
