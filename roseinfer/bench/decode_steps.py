@@ -19,10 +19,8 @@ measured in the same run (GPU only).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from roseinfer.bench.env import bench_header, format_header, measure_copy_bandwi
 from roseinfer.bench.plots import plot_decode, report_plot_path
 from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.roofline import decode_floor_bytes
-from roseinfer.bench.vllm_peer import add_peer_option, limit_flags, run_peer_process
+from roseinfer.bench.vllm_peer import add_peer_option, limit_flags, peer_failed, run_peer
 from roseinfer.entrypoints.arg_types import positive_int
 from roseinfer.entrypoints.llm import LLM
 from roseinfer.runner.gc_heap import release_dead_engines
@@ -265,11 +263,7 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     if args.peer == "vllm":
         del llm  # vLLM sizes its cache by the memory free when it starts
         release_dead_engines(config.device)
-        with tempfile.TemporaryDirectory() as tmp:
-            peer_json = os.path.join(tmp, "vllm.json")
-            report["peer"] = run_peer_process(
-                peer_command(args, model, cfg.vocab_size, config, peer_json), peer_json
-            )
+        report["peer"] = run_peer(lambda path: peer_command(args, model, cfg.vocab_size, config, path))
         if "error" in report["peer"]:
             print(report["peer"]["error"], flush=True)
         else:
@@ -286,5 +280,4 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = run_decode(args)
-    return 1 if "error" in report.get("peer", {}) else 0
+    return 1 if peer_failed(run_decode(args)) else 0

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import tempfile
 import time
 from typing import Any
 
@@ -61,7 +59,7 @@ from roseinfer.bench.serve_common import (
     build_w8,
 )
 from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, side_by_side
-from roseinfer.bench.vllm_peer import add_peer_option, run_peer_process
+from roseinfer.bench.vllm_peer import add_peer_option, peer_failed, run_peer
 from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import arrival_rates, positive_float, positive_int
@@ -225,11 +223,8 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"roseinfer's engine released: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free", flush=True
             )
-        with tempfile.TemporaryDirectory() as tmp:
-            peer_json = os.path.join(tmp, "vllm.json")
-            cmd = peer_command(args, model, vocab, [r["rate"] for r in rows], config, peer_json)
-            peer = run_peer_process(cmd, peer_json)
-        report["peer"] = peer
+        rates = [r["rate"] for r in rows]
+        peer = report["peer"] = run_peer(lambda path: peer_command(args, model, vocab, rates, config, path))
         if "error" in peer:
             print(peer["error"], flush=True)
         else:
@@ -245,5 +240,4 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = run_serve(args)
-    return 1 if "error" in report.get("peer", {}) else 0
+    return 1 if peer_failed(run_serve(args)) else 0

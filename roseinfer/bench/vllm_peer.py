@@ -146,6 +146,19 @@ def remove_model_dir(tmp: str | None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_peer(command: Callable[[str], list[str]]) -> dict[str, Any]:
+    """Runs `command(path)`, a peer process that writes its report to `path` (a temporary file): the report, or
+    {"error": ...} if it failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "vllm.json")
+        return run_peer_process(command(path), path)
+
+
+def peer_failed(report: dict[str, Any]) -> bool:
+    """Whether a bench report's peer ran and failed (its command then exits 1, roseinfer's figures kept)."""
+    return "error" in report.get("peer", {})
+
+
 def run_peer_process(cmd: list[str], path: str) -> dict[str, Any]:
     """Runs the peer's command (its output passes through); its report, or {"error": ...} if it failed."""
     code = subprocess.run(cmd, check=False).returncode
