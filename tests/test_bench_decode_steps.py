@@ -238,3 +238,29 @@ def test_bench_plot_draws_a_saved_decode_report(tmp_path, capsys):
     assert main(["bench", "plot", str(path)]) == 0
     assert f"plot decode: {tmp_path / 'run.decode.png'}" in capsys.readouterr().out
     assert (tmp_path / "run.decode.png").exists()
+
+
+def test_cells_the_window_cannot_time_are_refused():
+    w = Window(32, 160)  # prompts of 928 tokens at context 1024
+    decode_steps.check_cells([1, 64], [1024], w, 16384, True, num_blocks=10_000, block_size=16)
+    with pytest.raises(
+        ValueError, match=r"batch 256 at context 4096: its prefill takes 63 steps of 16384 tokens"
+    ):
+        decode_steps.check_cells([256], [4096], w, 16384, True, num_blocks=10**6, block_size=16)
+    # unchunked, 928-token prompts go 2 a step under a 2048 budget: 32 steps for 64 of them
+    with pytest.raises(ValueError, match="takes 32 steps"):
+        decode_steps.check_cells([64], [1024], w, 2048, False, num_blocks=10**6, block_size=16)
+    decode_steps.check_cells([62], [1024], w, 2048, False, num_blocks=10**6, block_size=16)  # 31 steps
+    # each request holds ceil((928 + 160) / 16) = 68 blocks at its end
+    decode_steps.check_cells([4], [1024], w, 16384, True, num_blocks=4 * 68, block_size=16)
+    with pytest.raises(
+        ValueError, match="batch 4 at context 1024 needs 272 KV blocks at once, the cache has 271"
+    ):
+        decode_steps.check_cells([4], [1024], w, 16384, True, num_blocks=4 * 68 - 1, block_size=16)
+
+
+def test_bench_decode_refuses_a_window_its_prefill_outlasts(capsys):
+    argv = ["bench", "decode", "--model-shape", "tiny-llama", "--batches", "4", "--contexts", "40"]
+    argv += ["--short", "2", "--long", "6", "--max-num-batched-tokens", "32", "--no-progress"]
+    assert main(argv) != 0
+    assert "its prefill takes 5 steps of 32 tokens, not fewer than --short 2" in capsys.readouterr().err

@@ -70,6 +70,35 @@ class Window:
         return n
 
 
+def check_cells(
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    window: Window,
+    token_budget: int,
+    chunked: bool,
+    num_blocks: int,
+    block_size: int,
+) -> None:
+    """Refuses cells the window cannot time: a prefill longer (in steps) than the short run, whose ramp would then
+    differ between the two runs, or a batch whose KV does not fit the cache at once (preemption would be timed)."""
+    for context in contexts:
+        prompt_len = window.prompt_len(context)
+        for batch in batches:
+            # unchunked, a step prefills whole prompts only
+            per_step = token_budget if chunked else max(1, token_budget // prompt_len) * prompt_len
+            prefill_steps = -(-batch * prompt_len // per_step)
+            if window.short <= prefill_steps:
+                raise ValueError(
+                    f"batch {batch} at context {context}: its prefill takes {prefill_steps} steps of "
+                    f"{token_budget} tokens, not fewer than --short {window.short}; raise --short (and --long)"
+                )
+            need = batch * -(-(prompt_len + window.long) // block_size)
+            if need > num_blocks:
+                raise ValueError(
+                    f"batch {batch} at context {context} needs {need} KV blocks at once, the cache has {num_blocks}"
+                )
+
+
 def window_prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
     """`batch` random prompts, token ids uniform in [1000, min(vocab, 32000)) as WORKLOADS.md draws them."""
     rng = np.random.default_rng(seed)
@@ -212,7 +241,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = {"load_format": "dummy", "dtype": args.dtype, "enable_prefix_caching": False}
     kw["max_num_seqs"] = max(args.batches)
     kw.update(engine_options(args))
-    kw["cpu_kv_tokens"] = max(args.batches) * (max(args.contexts) + args.long)
+    block = kw.get("block_size", 16)
+    kw["cpu_kv_tokens"] = max(args.batches) * (max(args.contexts) + args.long + 2 * block)
     return kw
 
 
@@ -236,6 +266,16 @@ def run_decode(args: argparse.Namespace) -> dict[str, Any]:
     )
     print(format_header(header), flush=True)
     print(llm.engine.core.startup.line(), flush=True)
+    sched, core = config.scheduler, llm.engine.core
+    check_cells(
+        args.batches,
+        args.contexts,
+        window,
+        sched.max_num_batched_tokens,
+        sched.enable_chunked_prefill,
+        core.num_blocks,
+        config.cache.block_size,
+    )
     floor_s = None
     report: dict[str, Any] = {"header": header, "startup": llm.engine.core.startup.to_dict()}
     if config.device.type == "cuda":
