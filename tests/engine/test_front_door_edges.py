@@ -48,5 +48,7 @@ def test_without_chunked_prefill_a_prompt_of_exactly_the_budget_runs(llama_dir) 
 
 
 def test_booleans_are_not_token_ids(llm: LLM) -> None:
-    with pytest.raises(InvalidRequestError, match="prompt token id True at position 1 is outside"):
+    with pytest.raises(
+        InvalidRequestError, match="prompt token id True at position 1 is not an integer \\(bool\\)"
+    ):
         llm.generate([[5, True, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
