@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.gpu_check_run import run_gpu_check
 
 FAKE_VLLM = """
 import json, os, sys
@@ -43,16 +42,13 @@ def test_peers_section_runs_every_step_and_divides_the_right_numbers(tmp_path: P
     (peers / "bench_w1_w2.py").write_text(FAKE_VLLM)
     (tmp_path / "ri.sh").write_text(FAKE_RI)
     out, logs = tmp_path / "out", tmp_path / "logs"
-    env = dict(
-        os.environ, OUT=str(out), GPU_CHECK_LOGS=str(logs), PEERS_DIR=str(peers), RI=f"bash {tmp_path}/ri.sh"
-    )
-    run = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "peers"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    run = run_gpu_check(
+        "peers",
+        120,
+        OUT=str(out),
+        GPU_CHECK_LOGS=str(logs),
+        PEERS_DIR=str(peers),
+        RI=f"bash {tmp_path}/ri.sh",
     )
     assert run.returncode == 0, run.stderr
     table = run.stdout[run.stdout.index("vLLM out tok/s") :].splitlines()
@@ -86,22 +82,14 @@ def test_decode_peers_section_times_both_shapes_beside_vllm(tmp_path: Path) -> N
     (peers / "install.sh").write_text('echo "offline-path imports checked in 1.0s"\n')
     (tmp_path / "ri.sh").write_text(FAKE_DECODE_RI)
     calls, logs = tmp_path / "calls.txt", tmp_path / "logs"
-    env = dict(
-        os.environ,
+    run = run_gpu_check(
+        "decode-peers",
+        60,
         GPU_CHECK_LOGS=str(logs),
         PEERS_DIR=str(peers),
         RI=f"bash {tmp_path}/ri.sh",
         DECODE_CALLS=str(calls),
         DECODE_ARGS="--contexts 1024,4096",
-    )
-    env.pop("OUT", None)
-    run = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "decode-peers"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert run.returncode == 0, run.stderr
     lines = calls.read_text().splitlines()

@@ -6,34 +6,25 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.gpu_check_run import run_gpu_check
 
 
 @pytest.mark.skipif(os.name != "posix", reason="bash script")
 def test_tests_section_deals_every_test_to_one_shard(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    env = dict(
-        os.environ,
+    run = run_gpu_check(
+        "tests",
+        300,
         GPU_CHECK_LOGS=str(logs),
         KERNEL_PROCS="3",
         KERNEL_TESTS="tests/kernels/test_block_copy.py tests/kernels/test_kv_store.py",
         KERNEL_K="not many_heads",
         E2E_PROCS="2",
         E2E_K="bench or sampler_memory",
-    )
-    env.pop("OUT", None)
-    run = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "tests"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     for tag, shards in (("kernels", 3), ("e2e", 2)):
