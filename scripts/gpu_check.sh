@@ -4,7 +4,7 @@
 #   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
-#             layouts, policy, mixed, ttft, splits, tail, serve, serve-peers, decode-peers, ncu (on request)
+#             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz.
@@ -115,6 +115,15 @@ for s in "${sections[@]}"; do
     serve)  # W8 online: rates double from 8 req/s until output tok/s stops growing, qwen2.5-0.5b then llama-3.1-8b
       run serve-qwen '^(=== |rate|-|[ 0-9]|W8|plot)' $RI bench serve --model-shape qwen2.5-0.5b --no-progress --json "$LOGS/serve_qwen.json"
       run serve-llama '^(=== |rate|-|[ 0-9]|W8|plot)' $RI bench serve --model-shape llama-3.1-8b --start-rate 4 --no-progress --json "$LOGS/serve_llama.json" ;;
+    serve-http)  # W8 in-process, then the same rates through the OpenAI server from a client process (`bench serve
+      # --http`), for SERVE_SHAPES (default qwen2.5-0.5b). fastapi, uvicorn and pydantic travel as wheels in .whl/ (README)
+      if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+      for shape in ${SERVE_SHAPES:-qwen2.5-0.5b}; do
+        start=(); [ "$shape" = llama-3.1-8b ] && start=(--start-rate 4)
+        # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+        run serve-http-$shape '^(=== |rate|-|[ 0-9]|W8|plot|the HTTP)' \
+          $RI bench serve --model-shape $shape "${start[@]}" ${SERVE_ARGS:-} --http --no-progress --json "$LOGS/serve_http_$shape.json"
+      done ;;
     serve-peers)  # W8 beside vLLM 0.24's AsyncLLM (`bench serve --peer vllm`) for SERVE_SHAPES (default both), after the
                   # bundle's six chunks as for peers (installed here unless /tmp/vsite has it); SERVE_ARGS adds options
                   # (e.g. --rates 8,32,128,inf in place of the sweep).

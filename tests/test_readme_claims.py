@@ -74,7 +74,7 @@ COMMANDS = _commands()
 
 
 def test_the_readme_shows_commands_of_every_kind() -> None:
-    assert {c[0] for c in COMMANDS} == {"generate", "bench", "trace-sql"}
+    assert {c[0] for c in COMMANDS} == {"generate", "serve", "bench", "trace-sql"}
     assert len(COMMANDS) >= 8
 
 

@@ -58,6 +58,7 @@ from roseinfer.bench.serve_common import (
     ServeResult,
     build_w8,
 )
+from roseinfer.bench.serve_http import HTTP_COLUMNS, run_http
 from roseinfer.bench.serve_vllm import COMPARE_COLUMNS, peer_command, side_by_side
 from roseinfer.bench.vllm_peer import add_peer_option, peer_failed, run_peer
 from roseinfer.bench.workloads import Workload
@@ -157,6 +158,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (the plot beside it)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="then run the same rates through the OpenAI server (`roseinfer serve`'s) from a client process",
+    )
     add_peer_option(parser, "the same rates and requests (its AsyncLLM)")
     add_engine_arguments(parser, prefix_caching_flag=True)
 
@@ -215,6 +221,13 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         "startup": engine.core.startup.to_dict(),
         "plots": {},
     }
+    if args.http:
+        report["http"] = http = run_http(engine, args, vocab, [r["rate"] for r in rows])
+        if "error" in http:
+            print(http["error"], flush=True)
+        else:
+            title = f"W8 in-process against the same engine through its OpenAI server ({http['client']} client)"
+            print(format_table(title, HTTP_COLUMNS, side_by_side(rows, http["rows"], ("in-process", "HTTP"))))
     if args.peer == "vllm":
         del engine  # vLLM sizes its cache by the memory free when it starts
         release_dead_engines(config.device)
@@ -240,4 +253,5 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    return 1 if peer_failed(run_serve(args)) else 0
+    report = run_serve(args)
+    return 1 if peer_failed(report) or "error" in report.get("http", {}) else 0

@@ -94,13 +94,15 @@ def peer_command(
     return cmd
 
 
-def side_by_side(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Two rows a rate, roseinfer's (with its output tok/s over vLLM's) then vLLM's."""
+def side_by_side(
+    ours: list[dict[str, Any]], theirs: list[dict[str, Any]], names: tuple[str, str] = ("roseinfer", "vLLM")
+) -> list[dict[str, Any]]:
+    """Two rows a rate, ours (with its output tok/s over theirs) then theirs, named by `names`."""
     rows = []
     for mine, peer in zip(ours, theirs, strict=True):
         ratio = mine["output_tok_s"] / peer["output_tok_s"] if peer["output_tok_s"] else float("nan")
-        rows.append(mine | {"engine": "roseinfer", "x_peer": ratio})
-        rows.append(peer | {"engine": "vLLM", "x_peer": None})
+        rows.append(mine | {"engine": names[0], "x_peer": ratio})
+        rows.append(peer | {"engine": names[1], "x_peer": None})
     return rows
 
 

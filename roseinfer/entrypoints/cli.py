@@ -1,4 +1,4 @@
-"""`roseinfer generate ...` and `roseinfer bench <name> ...`.
+"""`roseinfer generate ...`, `roseinfer serve ...` and `roseinfer bench <name> ...`.
 
 Bench subcommands live in their own modules and are listed in `BENCH_COMMANDS` (name -> module, help).
 A bench module defines `add_arguments(parser)` and `run(args) -> int`; adding one is one line here, or a
@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from roseinfer.config import DTYPE_CHOICES
 from roseinfer.entrypoints.arg_types import (
@@ -31,6 +32,9 @@ from roseinfer.entrypoints.arg_types import (
 from roseinfer.entrypoints.logprob_text import logprob_lines
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES
 from roseinfer.scheduler.policy import POLICIES
+
+if TYPE_CHECKING:
+    from roseinfer.entrypoints.llm import LLM
 
 # name -> (module defining add_arguments(parser) and run(args) -> int, one-line help)
 BENCH_COMMANDS: dict[str, tuple[str, str]] = {
@@ -78,7 +82,7 @@ def _bench_module(name: str) -> ModuleType:
 # -- generate --------------------------------------------------------------------------------------
 
 
-def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
@@ -86,6 +90,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--load-format", default=None, choices=["auto", "dummy"])
     parser.add_argument("--tokenizer", default=None)
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", default=None, help="prompt text (needs a tokenizer)")
     prompt.add_argument("--prompt-ids", type=token_ids, default=None, help="comma-separated token ids")
@@ -156,6 +164,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep only the prompt's last K tokens (-1: the model's context)",
     )
+    add_engine_arguments(parser)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, type=torch_device)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES)
     parser.add_argument("--block-size", type=power_of_two, default=16)
@@ -192,14 +204,19 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from roseinfer.entrypoints.llm import LLM
+def model_and_format(args: argparse.Namespace) -> tuple[str, str]:
+    """The model to load and its load format: the built-in default's dummy weights where none is named."""
     from roseinfer.models.loader import DEFAULT_MODEL
-    from roseinfer.sampling_params import SamplingParams
 
-    model = args.model or DEFAULT_MODEL
-    load_format = args.load_format or ("auto" if args.model else "dummy")
-    llm = LLM(
+    return args.model or DEFAULT_MODEL, args.load_format or ("auto" if args.model else "dummy")
+
+
+def llm_from_args(args: argparse.Namespace, **extra: object) -> LLM:
+    """An `LLM` built from `add_model_arguments` and `add_engine_arguments`' options (and `extra`'s)."""
+    from roseinfer.entrypoints.llm import LLM
+
+    model, load_format = model_and_format(args)
+    return LLM(
         model,
         load_format=load_format,
         tokenizer=args.tokenizer,
@@ -214,7 +231,15 @@ def run_generate(args: argparse.Namespace) -> int:
         pinned_prefixes=args.pin_prefix,
         pin_prefix_file=args.pin_prefix_file,
         admission_policy=args.admission_policy,
+        **extra,
     )
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from roseinfer.sampling_params import SamplingParams
+
+    model, load_format = model_and_format(args)
+    llm = llm_from_args(args)
     if args.prompt is not None:
         if llm.tokenizer is None:
             raise ValueError(f"{model!r} has no tokenizer; give --prompt-ids or --tokenizer")
@@ -274,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="complete one prompt")
     add_generate_arguments(gen)
     gen.set_defaults(func=run_generate)
+
+    from roseinfer.entrypoints.serve_cli import add_serve_arguments, run_serve
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [serve] extra)")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=run_serve)
 
     from roseinfer.trace_sql import add_trace_sql_parser
 

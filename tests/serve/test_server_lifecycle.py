@@ -1,0 +1,106 @@
+"""The server over real sockets (uvicorn in a thread): a client that hangs up has its request aborted, streamed
+or not, and its blocks freed; requests in flight together each get their own answer; a dead engine says so in the
+open stream, on `/health` and to every later request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from roseinfer import LLM
+from roseinfer.entrypoints.openai.server_thread import ServerThread
+
+LONG = {"prompt": [1, 2, 3], "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+
+
+class Server(ServerThread):
+    def __init__(self, llm: LLM) -> None:
+        super().__init__(llm.engine, "m")
+
+    def state(self) -> dict[str, float]:
+        def read(e) -> dict[str, float]:
+            finished = e.core.scheduler.num_finished
+            return {"busy": float(e.has_unfinished_requests() or bool(e.groups)), "usage": e.core.kv.usage(),
+                    "aborted": finished["abort"], "length": finished["length"]}  # fmt: skip
+
+        return asyncio.run(self.engine.call(read))
+
+    def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while (state := self.state())["busy"] or state["usage"]:
+            assert time.monotonic() < deadline, f"the engine still holds requests: {state}"
+            time.sleep(0.02)
+        return state
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    running = Server(LLM("tiny-llama", load_format="dummy", device="cpu", block_size=4, num_kv_blocks=512))
+    yield running
+    running.close()
+
+
+def test_a_stream_the_client_drops_is_aborted(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
+            lines = response.iter_lines()
+            got = [next(lines) for _ in range(3)]
+        assert got[0].startswith("data: ")
+    state = server.wait_idle()
+    assert (state["aborted"], state["length"]) == (1, 0)
+
+
+def test_a_plain_request_whose_client_hangs_up_is_aborted(server: Server) -> None:
+    body = json.dumps(LONG).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body)
+        deadline = time.monotonic() + 10
+        while not server.state()["busy"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    state = server.wait_idle()
+    assert (state["aborted"], state["length"]) == (1, 0)
+
+
+def test_requests_in_flight_together_each_get_their_answer(server: Server) -> None:
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            good = [{"prompt": [1, 2, k], "max_tokens": 5 + k, "ignore_eos": True} for k in range(6)]
+            bad = [{"prompt": [1, 2], "temperature": -3}, {"prompt": [1, 10**8]}]
+            return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in good + bad))
+
+    responses = asyncio.run(main())
+    assert [r.status_code for r in responses] == [200] * 6 + [400, 400]
+    assert [r.json()["usage"]["completion_tokens"] for r in responses[:6]] == [5 + k for k in range(6)]
+    assert server.wait_idle()["aborted"] == 0
+
+
+@pytest.mark.no_invariant_hook
+def test_a_dead_engine_says_so_everywhere(server: Server) -> None:
+    core = server.engine.engine.core
+    real_step, calls = core.step, {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("device fault")
+        return real_step()
+
+    core.step = failing_step  # type: ignore[method-assign]
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][len("data: ") :])["error"]
+        assert "device fault" in error["message"] and error["code"] == 500
+        health = client.get("/health")
+        assert health.status_code == 500 and "device fault" in health.json()["error"]["message"]
+        later = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 2})
+        assert later.status_code == 500 and "dead" in later.json()["error"]["message"]
