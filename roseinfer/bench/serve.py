@@ -163,6 +163,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="then run the same rates through the OpenAI server (`roseinfer serve`'s) from a client process",
     )
+    parser.add_argument(
+        "--http-clients", type=positive_int, default=4, help="--http's client: worker processes sending requests"
+    )
     add_peer_option(parser, "the same rates and requests (its AsyncLLM)")
     add_engine_arguments(parser, prefix_caching_flag=True)
 

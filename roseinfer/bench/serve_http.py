@@ -11,16 +11,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from roseinfer.bench.prefix_online import poisson_offsets
-from roseinfer.bench.serve_common import ServeResult, build_w8
+from roseinfer.bench.serve_common import LATENCIES, ServeResult, build_w8
 from roseinfer.bench.vllm_peer import run_peer_process, write_peer_report
 from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
@@ -37,7 +42,19 @@ HTTP_COLUMNS = [
         for stat in ("p50", "p99")
     ),
     ("e2e_p99_ms", "E2E p99 ms", ".0f"),
+    ("server_cpu", "server CPU", ".0%"),
+    ("client_cpu", "client CPU", ".0%"),
 ]
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds process `pid` has used, all its threads (Linux's /proc); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_http(engine: LLMEngine, args: argparse.Namespace, vocab: int, rates: list[float]) -> dict[str, Any]:
@@ -51,7 +68,8 @@ def run_http(engine: LLMEngine, args: argparse.Namespace, vocab: int, rates: lis
                "--rates", ",".join(f"{r:g}" for r in rates), "--vocab-size", str(vocab),
                "--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
                "--output-len", str(args.output_len), "--warmup-requests", str(args.warmup_requests),
-               "--seed", str(args.seed), "--json", path, *(["--no-progress"] if args.no_progress else [])]  # fmt: skip
+               "--seed", str(args.seed), "--client-procs", str(args.http_clients), "--json", path,
+               *(["--no-progress"] if args.no_progress else [])]  # fmt: skip
         report = run_peer_process(cmd, path)
     if "error" in report:
         report["error"] = report["error"].replace("the vLLM peer", "the HTTP client")
@@ -61,63 +79,101 @@ def run_http(engine: LLMEngine, args: argparse.Namespace, vocab: int, rates: lis
 # -- the client's process ---------------------------------------------------------------------------------
 
 
-def request_body(workload: Workload, i: int) -> dict[str, Any]:
-    return {"prompt": workload.prompts[i], "max_tokens": workload.params[i].max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "return_token_ids": True}  # fmt: skip
+@dataclass
+class Share:
+    """What one of the client's worker processes sends: its requests and their arrival times (monotonic
+    seconds, a clock every process of the machine shares)."""
+
+    url: str
+    prompts: list[list[int]]
+    max_tokens: int
+    arrivals: list[float]
 
 
-async def send(client: Any, workload: Workload, i: int, arrival: float, result: ServeResult | None) -> bool:
-    """Request i, streamed: each chunk's tokens stamped into `result` (None: a warm-up). True once finished."""
-    rid = f"w8-{i}"
-    async with client.stream("POST", "/v1/completions", json=request_body(workload, i)) as response:
+async def send(
+    client: Any, prompt: list[int], max_tokens: int, rid: str, arrival: float, result: ServeResult
+) -> bool:
+    """One request, streamed: each chunk's tokens stamped into `result` as it arrives. True once finished."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}  # fmt: skip
+    async with client.stream("POST", "/v1/completions", json=body) as response:
         if response.status_code != 200:
-            raise RuntimeError(f"request {i}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+            raise RuntimeError(f"{rid}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
-                raise RuntimeError(f"request {i}: {chunk['error']['message']}")
+                raise RuntimeError(f"{rid}: {chunk['error']['message']}")
             choice = chunk["choices"][0]
             done = choice["finish_reason"] is not None
-            if result is not None and result.on_output(rid, len(choice["token_ids"]), done, time.monotonic(), arrival):
+            if result.on_output(rid, len(choice["token_ids"]), done, time.monotonic(), arrival):
                 return True
-    return result is None
+    return False
 
 
-async def http_rate(client: Any, workload: Workload, offsets: Any, rate: float, progress: bool) -> ServeResult:
-    """Request i sent `offsets[i]` s after the start (its arrival, from which TTFT and E2E count)."""
-    result = ServeResult(rate)
-    start = time.monotonic() + 1e-3
-    bar = tqdm(total=workload.num_requests, desc=f"W8 HTTP @ {rate:g} req/s", unit="req", disable=not progress,
-               leave=False)  # fmt: skip
+async def _run_share(share: Share) -> dict[str, Any]:
+    import httpx
 
-    async def one(i: int) -> None:
-        arrival = start + float(offsets[i])
-        await asyncio.sleep(max(0.0, arrival - time.monotonic()))
-        if await send(client, workload, i, arrival, result):
-            bar.update(1)
+    result, cpu0 = ServeResult(0.0), time.process_time()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=share.url, timeout=None, limits=limits) as client:
 
-    with bar:
-        await asyncio.gather(*(one(i) for i in range(workload.num_requests)))
-    result.wall_s = time.monotonic() - start
-    return result
+        async def one(j: int) -> None:
+            await asyncio.sleep(max(0.0, share.arrivals[j] - time.monotonic()))
+            await send(client, share.prompts[j], share.max_tokens, f"r{j}", share.arrivals[j], result)
+
+        await asyncio.gather(*(one(j) for j in range(len(share.prompts))))
+    lists = {name: getattr(result, name) for name in LATENCIES}
+    return lists | {"tokens": result.output_tokens, "end": time.monotonic(), "cpu_s": time.process_time() - cpu0}
 
 
-async def client_main(args: argparse.Namespace) -> dict[str, Any]:
+def run_share(share: Share) -> dict[str, Any]:
+    """A worker process's share of a rate: its latencies, tokens, end time and CPU seconds."""
+    return asyncio.run(_run_share(share))
+
+
+def http_rate(
+    pool: Executor, url: str, workload: Workload, offsets: Any, rate: float, procs: int
+) -> tuple[ServeResult, dict[str, float | None]]:
+    """Request i sent `offsets[i]` s after the start (its arrival, from which TTFT and E2E count), by worker
+    i % procs. The row also has the CPU the server's process (this one's parent) and the workers used, as
+    shares of the wall time: one core is 100%, about what one interpreter's lock lets a process use."""
+    max_tokens = workload.params[0].max_tokens or 1
+    server0, t0 = process_cpu_s(os.getppid()), time.monotonic()
+    start = t0 + 0.05 * procs  # the shares reach their workers before the first arrival
+    shares = [
+        Share(url, workload.prompts[w::procs], max_tokens, [start + float(o) for o in offsets[w::procs]])
+        for w in range(procs)
+    ]
+    parts = list(pool.map(run_share, shares))
+    result = ServeResult(rate, output_tokens=sum(p["tokens"] for p in parts))
+    for name in LATENCIES:
+        setattr(result, name, [x for p in parts for x in p[name]])
+    result.wall_s = max(p["end"] for p in parts) - start
+    server_end, span = process_cpu_s(os.getppid()), max(p["end"] for p in parts) - t0
+    cpu = {
+        "server_cpu": None if server0 is None or server_end is None else (server_end - server0) / span,
+        "client_cpu": sum(p["cpu_s"] for p in parts) / result.wall_s,
+    }
+    return result, cpu
+
+
+def client_main(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
     lengths = {"prompt_len": args.prompt_len, "output_len": args.output_len, "seed": args.seed}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=args.url, timeout=None, limits=limits) as client:
+    procs = args.client_procs
+    with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         warm = build_w8(args.vocab_size, args.warmup_requests, 0, **lengths)
-        await asyncio.gather(*(send(client, warm, i, 0.0, None) for i in range(warm.num_requests)))
+        http_rate(pool, args.url, warm, np.zeros(warm.num_requests), math.inf, procs)
         rows = []
-        for k, rate in enumerate(args.rates):
+        for k, rate in enumerate(tqdm(args.rates, desc="W8 HTTP", unit="rate", disable=args.no_progress)):
             workload = build_w8(args.vocab_size, args.num_requests, k + 1, **lengths)
             offsets = poisson_offsets(workload.num_requests, rate, args.seed, k + 1)
-            rows.append((await http_rate(client, workload, offsets, rate, not args.no_progress)).row())
-    return {"rows": rows, "client": f"httpx {httpx.__version__}"}
+            result, cpu = http_rate(pool, args.url, workload, offsets, rate, procs)
+            rows.append(result.row() | cpu)
+    return {"rows": rows, "client": f"{procs} processes of httpx {httpx.__version__}"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-requests", type=positive_int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--json", required=True, metavar="PATH")
+    p.add_argument("--client-procs", type=positive_int, default=4)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    write_peer_report(args.json, asyncio.run(client_main(args)))
+    write_peer_report(args.json, client_main(args))
     return 0
 
 

@@ -45,16 +45,32 @@ class RequestStream:
         return self._outputs()
 
     async def _outputs(self) -> AsyncIterator[RequestOutput]:
+        async for batch in self.batches():
+            for out in batch:
+                yield out
+
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """The outputs in batches: each time, every output that has come and not been read (a reader that falls
+        behind catches up in one turn, e.g. one write to a socket)."""
         try:
             while not self.done:
-                item = await self._queue.get()
-                if item is _END or isinstance(item, BaseException):
-                    self.done = True
-                    if item is not _END:
-                        raise item
-                    return
-                self.done = item.finished
-                yield item
+                batch = [await self._queue.get()]
+                while not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                outs = []
+                for item in batch:
+                    if item is _END or isinstance(item, BaseException):
+                        self.done = True
+                        if outs:
+                            yield outs
+                        if item is not _END:
+                            raise item
+                        return
+                    outs.append(item)
+                    if item.finished:
+                        self.done = True
+                        break
+                yield outs
         finally:
             if not self.done:  # the reader left early (cancelled, closed, raised): nobody wants the rest
                 self.abort()

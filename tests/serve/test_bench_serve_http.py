@@ -14,7 +14,7 @@ from roseinfer.entrypoints.cli import main
 def test_the_same_requests_through_http_beside_in_process(tmp_path, capsys) -> None:
     path = tmp_path / "serve.json"
     argv = ["bench", "serve", "--num-requests", "5", "--prompt-len", "12", "--output-len", "4", "--rates", "40,inf"]
-    argv += ["--warmup-requests", "2", "--no-progress", "--http", "--json", str(path)]
+    argv += ["--warmup-requests", "2", "--no-progress", "--http", "--http-clients", "2", "--json", str(path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     report = json.loads(path.read_text())
@@ -24,7 +24,7 @@ def test_the_same_requests_through_http_beside_in_process(tmp_path, capsys) -> N
         assert row["requests"] == 5
         assert row["output_tok_s"] * 5 / row["achieved_req_s"] == pytest.approx(5 * 4)  # every token came back
         assert 0 < row["ttft_p50_ms"] <= row["e2e_p99_ms"] and row["itl_p50_ms"] > 0
-    assert "=== W8 in-process against the same engine through its OpenAI server (httpx" in out
+    assert "=== W8 in-process against the same engine through its OpenAI server (2 processes of httpx" in out
     assert out.count("        HTTP ") == 2 and out.count("  in-process ") == 2
 
 
@@ -32,7 +32,7 @@ def test_the_client_stamps_each_chunk_and_counts_its_tokens(monkeypatch) -> None
     """The client against a scripted stream: tokens per chunk and the finish come from the chunks."""
     import asyncio
 
-    from roseinfer.bench.serve_common import ServeResult, build_w8
+    from roseinfer.bench.serve_common import ServeResult
 
     chunks = [[5, 6], [7], [8]]
     lines = [f'data: {json.dumps({"choices": [{"token_ids": ids, "finish_reason": None if k < 2 else "length"}]})}'
@@ -58,11 +58,11 @@ def test_the_client_stamps_each_chunk_and_counts_its_tokens(monkeypatch) -> None
 
             return Context()
 
-    workload = build_w8(1000, 1, 1, prompt_len=3, output_len=4)
     result, client = ServeResult(1.0), Client()
-    assert asyncio.run(serve_http.send(client, workload, 0, 0.0, result))
+    assert asyncio.run(serve_http.send(client, [3, 4, 5], 4, "r0", 0.0, result))
     assert result.output_tokens == 4 and len(result.ttft) == 1 and len(result.itl) == 2
-    assert client.body["prompt"] == workload.prompts[0] and client.body["stream"] is True
+    assert client.body["prompt"] == [3, 4, 5] and client.body["stream"] is True
+    assert client.body["max_tokens"] == 4 and client.body["return_token_ids"] is True
 
 
 def test_a_failing_client_fails_the_command(monkeypatch, capsys) -> None:

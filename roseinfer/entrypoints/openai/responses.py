@@ -105,6 +105,11 @@ class ResponseHead:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": choices, **extra}  # fmt: skip
 
+    def chunk_prefix(self) -> str:
+        """A streamed chunk's event up to its one choice: the chunk is this, the choice's JSON, then `]}` and a
+        blank line (the head serialised once a response, not once a token)."""
+        return "data: " + json.dumps(self.body([]))[:-2]
+
 
 def finish_fields(sample: CompletionOutput) -> dict[str, Any]:
     return {"finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason}

@@ -5,6 +5,7 @@ answered as one JSON body or as server-sent events (DELTA outputs, as they come)
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -44,14 +45,19 @@ def render_chat(engine: LLMEngine, messages: list[dict[str, Any]], add_generatio
         raise ValueError(f"the chat template refused the messages: {e}") from e
 
 
-async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of several streams as they come, each with its stream's index. Leaving early aborts them all."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
+    """Outputs of several streams in batches as they come (`RequestStream.batches`), each with its stream's
+    index. Leaving early aborts them all. One stream (a request's usual count) is read directly."""
+    if len(streams) == 1:
+        async for batch in streams[0].batches():
+            yield [(0, out) for out in batch]
+        return
+    queue: asyncio.Queue[tuple[int, list[RequestOutput] | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, stream: RequestStream) -> None:
         try:
-            async for out in stream:
-                queue.put_nowait((i, out))
+            async for batch in stream.batches():
+                queue.put_nowait((i, batch))
             queue.put_nowait((i, None))
         except Exception as e:
             queue.put_nowait((i, e))
@@ -60,13 +66,19 @@ async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, Re
     try:
         remaining = len(streams)
         while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
+            got = [await queue.get()]
+            while not queue.empty():
+                got.append(queue.get_nowait())
+            ready = []
+            for i, item in got:
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    ready += [(i, out) for out in item]
+            if ready:
+                yield ready
     finally:
         for task, stream in zip(tasks, streams):
             task.cancel()
@@ -135,13 +147,17 @@ class OpenAIServing:
     ) -> AsyncIterator[str]:
         prompt_tokens: dict[int, RequestOutput] = {}
         generated = 0
+        prefix = head.chunk_prefix()
         try:
-            async for i, out in merge(streams):
-                prompt_tokens.setdefault(i, out)
-                for sample in out.outputs:
-                    generated += len(sample.token_ids)
-                    for chunk in choices.chunks(i, out, sample):
-                        yield sse(head.body([chunk]))
+            async for batch in merge(streams):
+                events = []
+                for i, out in batch:
+                    prompt_tokens.setdefault(i, out)
+                    for sample in out.outputs:
+                        generated += len(sample.token_ids)
+                        events += [prefix + json.dumps(chunk) + "]}\n\n" for chunk in choices.chunks(i, out, sample)]
+                if events:
+                    yield "".join(events)
             if request.include_usage():
                 yield sse(head.body([], usage=_usage(list(prompt_tokens.values()), generated)))
         except Exception as e:  # the engine died or was closed mid-stream: say so in the stream
@@ -230,8 +246,9 @@ def _kind(request: SamplingFields) -> RequestOutputKind:
 async def _finals(streams: list[RequestStream]) -> list[RequestOutput]:
     """Each stream's finished output (FINAL_ONLY: its one output), in stream order."""
     outs: list[RequestOutput | None] = [None] * len(streams)
-    async for i, out in merge(streams):
-        outs[i] = out
+    async for batch in merge(streams):
+        for i, out in batch:
+            outs[i] = out
     if any(out is None for out in outs):
         raise RuntimeError("a request ended without its output (aborted)")
     return outs  # type: ignore[return-value]
