@@ -166,6 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-clients", type=positive_int, default=4, help="--http's client: worker processes sending requests"
     )
+    parser.add_argument(
+        "--http-engine",
+        choices=["process", "thread"],
+        default="process",
+        help="--http's engine: in a process of its own (`roseinfer serve`'s default), or this one on a thread",
+    )
     add_peer_option(parser, "the same rates and requests (its AsyncLLM)")
     add_engine_arguments(parser, prefix_caching_flag=True)
 
@@ -189,8 +195,9 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         scaled=streams[0].scaled,
     )
     print(format_header(header), flush=True)
-    config, path = make_engine_config(model, **engine_kwargs(args, streams[0], "continuous"))
-    engine = LLMEngine(config, path)
+    kwargs = engine_kwargs(args, streams[0], "continuous")
+    config, path = make_engine_config(model, **kwargs)
+    engine: LLMEngine | None = LLMEngine(config, path)
     print(engine.core.startup.line(), flush=True)
     warm_up_online(engine, warm)
     rows: list[dict[str, Any]] = []
@@ -225,14 +232,17 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         "plots": {},
     }
     if args.http:
-        report["http"] = http = run_http(engine, args, vocab, [r["rate"] for r in rows])
+        if args.http_engine == "process":
+            engine = None  # the engine's process sizes its cache by the memory free when it starts
+            release_dead_engines(config.device)
+        report["http"] = http = run_http(engine, model, kwargs, args, vocab, [r["rate"] for r in rows])
         if "error" in http:
             print(http["error"], flush=True)
         else:
-            title = f"W8 in-process against the same engine through its OpenAI server ({http['client']} client)"
+            title = f"W8 in-process against the same engine through its OpenAI server ({http['serving']})"
             print(format_table(title, HTTP_COLUMNS, side_by_side(rows, http["rows"], ("in-process", "HTTP"))))
     if args.peer == "vllm":
-        del engine  # vLLM sizes its cache by the memory free when it starts
+        engine = None  # vLLM sizes its cache by the memory free when it starts
         release_dead_engines(config.device)
         if config.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(config.device)

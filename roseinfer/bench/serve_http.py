@@ -43,6 +43,7 @@ HTTP_COLUMNS = [
     ),
     ("e2e_p99_ms", "E2E p99 ms", ".0f"),
     ("server_cpu", "server CPU", ".0%"),
+    ("engine_cpu", "engine CPU", ".0%"),
     ("client_cpu", "client CPU", ".0%"),
 ]
 
@@ -57,20 +58,40 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_http(engine: LLMEngine, args: argparse.Namespace, vocab: int, rates: list[float]) -> dict[str, Any]:
-    """Serves `engine` and runs the client process over `rates` (W8's streams 1..len(rates)): its report, or
-    {"error": ...}."""
+def run_http(
+    engine: LLMEngine | None,
+    model: str,
+    kwargs: dict[str, Any],
+    args: argparse.Namespace,
+    vocab: int,
+    rates: list[float],
+) -> dict[str, Any]:
+    """Serves `engine` on a thread (`--http-engine thread`), else `LLM(model, **kwargs)` in a process of its own,
+    and runs the client process over `rates` (W8's streams 1..len(rates)): its report, or {"error": ...}."""
+    from roseinfer.engine.async_engine import AsyncLLMEngine
+    from roseinfer.engine.engine_process import EngineProcess
     from roseinfer.entrypoints.openai.server_thread import ServerThread
 
-    with ServerThread(engine, "w8") as server, tempfile.TemporaryDirectory() as tmp:
+    engine_pid: list[str] = []
+    if engine is not None:
+        online: AsyncLLMEngine | EngineProcess = AsyncLLMEngine(engine)
+        where = "the engine on a thread of the server's process"
+    else:
+        try:
+            online = EngineProcess(model, **kwargs)
+        except Exception as e:
+            return {"error": f"the engine process did not start: {e}"}
+        where, engine_pid = "the engine in its own process", ["--engine-pid", str(online.pid)]
+    with ServerThread(online, "w8") as server, tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "http.json")
         cmd = [sys.executable, "-m", "roseinfer.bench.serve_http", "--url", server.url,
                "--rates", ",".join(f"{r:g}" for r in rates), "--vocab-size", str(vocab),
                "--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
                "--output-len", str(args.output_len), "--warmup-requests", str(args.warmup_requests),
-               "--seed", str(args.seed), "--client-procs", str(args.http_clients), "--json", path,
+               "--seed", str(args.seed), "--client-procs", str(args.http_clients), "--json", path, *engine_pid,
                *(["--no-progress"] if args.no_progress else [])]  # fmt: skip
         report = run_peer_process(cmd, path)
+    report["serving"] = f"{where}; {report.get('client', 'no')} client"
     if "error" in report:
         report["error"] = report["error"].replace("the vLLM peer", "the HTTP client")
     return report
@@ -134,13 +155,15 @@ def run_share(share: Share) -> dict[str, Any]:
 
 
 def http_rate(
-    pool: Executor, url: str, workload: Workload, offsets: Any, rate: float, procs: int
+    pool: Executor, url: str, workload: Workload, offsets: Any, rate: float, procs: int, engine_pid: int | None
 ) -> tuple[ServeResult, dict[str, float | None]]:
     """Request i sent `offsets[i]` s after the start (its arrival, from which TTFT and E2E count), by worker
-    i % procs. The row also has the CPU the server's process (this one's parent) and the workers used, as
-    shares of the wall time: one core is 100%, about what one interpreter's lock lets a process use."""
+    i % procs. The row also has the CPU the server's process (this one's parent), the engine's process (where
+    it has one) and the workers used, as shares of the wall time: one core is 100%, about what one
+    interpreter's lock lets a process use."""
     max_tokens = workload.params[0].max_tokens or 1
     server0, t0 = process_cpu_s(os.getppid()), time.monotonic()
+    engine0 = process_cpu_s(engine_pid) if engine_pid else None
     start = t0 + 0.05 * procs  # the shares reach their workers before the first arrival
     shares = [
         Share(url, workload.prompts[w::procs], max_tokens, [start + float(o) for o in offsets[w::procs]])
@@ -151,9 +174,11 @@ def http_rate(
     for name in LATENCIES:
         setattr(result, name, [x for p in parts for x in p[name]])
     result.wall_s = max(p["end"] for p in parts) - start
-    server_end, span = process_cpu_s(os.getppid()), max(p["end"] for p in parts) - t0
+    span = max(p["end"] for p in parts) - t0
+    server_end, engine_end = process_cpu_s(os.getppid()), process_cpu_s(engine_pid) if engine_pid else None
     cpu = {
         "server_cpu": None if server0 is None or server_end is None else (server_end - server0) / span,
+        "engine_cpu": None if engine0 is None or engine_end is None else (engine_end - engine0) / span,
         "client_cpu": sum(p["cpu_s"] for p in parts) / result.wall_s,
     }
     return result, cpu
@@ -166,12 +191,12 @@ def client_main(args: argparse.Namespace) -> dict[str, Any]:
     procs = args.client_procs
     with ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn")) as pool:
         warm = build_w8(args.vocab_size, args.warmup_requests, 0, **lengths)
-        http_rate(pool, args.url, warm, np.zeros(warm.num_requests), math.inf, procs)
+        http_rate(pool, args.url, warm, np.zeros(warm.num_requests), math.inf, procs, args.engine_pid)
         rows = []
         for k, rate in enumerate(tqdm(args.rates, desc="W8 HTTP", unit="rate", disable=args.no_progress)):
             workload = build_w8(args.vocab_size, args.num_requests, k + 1, **lengths)
             offsets = poisson_offsets(workload.num_requests, rate, args.seed, k + 1)
-            result, cpu = http_rate(pool, args.url, workload, offsets, rate, procs)
+            result, cpu = http_rate(pool, args.url, workload, offsets, rate, procs, args.engine_pid)
             rows.append(result.row() | cpu)
     return {"rows": rows, "client": f"{procs} processes of httpx {httpx.__version__}"}
 
@@ -188,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--json", required=True, metavar="PATH")
     p.add_argument("--client-procs", type=positive_int, default=4)
+    p.add_argument("--engine-pid", type=int, default=None, help="the engine's process, where it has its own")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     write_peer_report(args.json, client_main(args))

@@ -15,72 +15,14 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from roseinfer.engine.llm_engine import LLMEngine, Prompt
+from roseinfer.engine.request_stream import END, EngineDeadError, RequestStream, by_loop, post
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
 T = TypeVar("T")
-_END = None  # what a stream's queue gets when its request ends without a finished output (aborted, closed)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine can take no more requests: a step failed (the cause is chained) or it was closed."""
-
-
-@dataclass(eq=False)
-class RequestStream:
-    """One request's outputs, in order, as the engine thread hands them over. Iterate it once (`async for`);
-    leaving the loop before the finished output aborts the request."""
-
-    request_id: str
-    _engine: AsyncLLMEngine
-    _loop: asyncio.AbstractEventLoop
-    _queue: asyncio.Queue[RequestOutput | BaseException | None] = field(default_factory=asyncio.Queue)
-    done: bool = False  # the finished output (or the request's end) was read
-
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        return self._outputs()
-
-    async def _outputs(self) -> AsyncIterator[RequestOutput]:
-        async for batch in self.batches():
-            for out in batch:
-                yield out
-
-    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
-        """The outputs in batches: each time, every output that has come and not been read (a reader that falls
-        behind catches up in one turn, e.g. one write to a socket)."""
-        try:
-            while not self.done:
-                batch = [await self._queue.get()]
-                while not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                outs = []
-                for item in batch:
-                    if item is _END or isinstance(item, BaseException):
-                        self.done = True
-                        if outs:
-                            yield outs
-                        if item is not _END:
-                            raise item
-                        return
-                    outs.append(item)
-                    if item.finished:
-                        self.done = True
-                        break
-                yield outs
-        finally:
-            if not self.done:  # the reader left early (cancelled, closed, raised): nobody wants the rest
-                self.abort()
-
-    def abort(self) -> None:
-        if not self.done:
-            self.done = True
-            self._engine._send(("abort", self))
-
-
 Command = tuple[Any, ...]
 
 
@@ -131,6 +73,13 @@ class AsyncLLMEngine:
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._send_or_raise(("call", fn, result))
         return await asyncio.wrap_future(result)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.max_model_len
+
+    def _abort_stream(self, stream: RequestStream) -> None:
+        self._send(("abort", stream))
 
     def abort(self, request_id: str) -> None:
         """Abort a request by id (one this engine's `add_request` took); an unknown or finished id is ignored."""
@@ -240,40 +189,34 @@ class AsyncLLMEngine:
             del self._streams[stream.request_id]
             if self.dead is None:
                 self.engine.abort_request(stream.request_id)
-            self._post(stream._loop, [(stream, _END)])
+            self._post_all([(stream, END)])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
+        items = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # aborted since the step began
-            by_loop.setdefault(stream._loop, []).append((stream, out))
+            items.append((stream, out))
             if out.finished:
                 del self._streams[out.request_id]
-        for loop, items in by_loop.items():
-            self._post(loop, items)
+        self._post_all(items)
 
-    def _post(self, loop: asyncio.AbstractEventLoop, items: list[tuple[RequestStream, Any]]) -> None:
-        try:
-            loop.call_soon_threadsafe(_put_all, items)
-        except RuntimeError:  # the caller's loop is closed: nobody will read these requests
-            for stream, _ in items:
-                rid = stream.request_id
-                if self._streams.get(rid) is stream:
-                    del self._streams[rid]
-                    if self.dead is None:
-                        self.engine.abort_request(rid)
+    def _post_all(self, items: list[tuple[RequestStream, Any]]) -> None:
+        for loop, share in by_loop(items).items():
+            if not post(loop, share):  # the caller's loop is closed: nobody will read these requests
+                for stream, _ in share:
+                    rid = stream.request_id
+                    if self._streams.get(rid) is stream:
+                        del self._streams[rid]
+                        if self.dead is None:
+                            self.engine.abort_request(rid)
 
     def _fail_all(self, error: BaseException) -> None:
         streams, self._streams = list(self._streams.values()), {}
         if self.dead is None:
             self.engine.abort_request([s.request_id for s in streams])
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
-        for stream in streams:
-            by_loop.setdefault(stream._loop, []).append((stream, error))
-        for loop, items in by_loop.items():
-            self._post(loop, items)
+        self._post_all([(stream, error) for stream in streams])
 
     def _refuse_rest(self) -> None:
         """After close: whatever is still queued gets an answer, so no caller waits forever."""
@@ -287,7 +230,3 @@ class AsyncLLMEngine:
             if future is not None and future.set_running_or_notify_cancel():
                 future.set_exception(closed)
 
-
-def _put_all(items: list[tuple[RequestStream, Any]]) -> None:
-    for stream, item in items:
-        stream._queue.put_nowait(item)

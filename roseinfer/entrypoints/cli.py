@@ -211,13 +211,11 @@ def model_and_format(args: argparse.Namespace) -> tuple[str, str]:
     return args.model or DEFAULT_MODEL, args.load_format or ("auto" if args.model else "dummy")
 
 
-def llm_from_args(args: argparse.Namespace, **extra: object) -> LLM:
-    """An `LLM` built from `add_model_arguments` and `add_engine_arguments`' options (and `extra`'s)."""
-    from roseinfer.entrypoints.llm import LLM
-
+def llm_kwargs(args: argparse.Namespace, **extra: object) -> tuple[str, dict[str, object]]:
+    """The model and the `LLM` keywords that `add_model_arguments` and `add_engine_arguments`' options (and
+    `extra`) give."""
     model, load_format = model_and_format(args)
-    return LLM(
-        model,
+    kwargs = dict(
         load_format=load_format,
         tokenizer=args.tokenizer,
         dtype=args.dtype,
@@ -231,8 +229,15 @@ def llm_from_args(args: argparse.Namespace, **extra: object) -> LLM:
         pinned_prefixes=args.pin_prefix,
         pin_prefix_file=args.pin_prefix_file,
         admission_policy=args.admission_policy,
-        **extra,
     )
+    return model, kwargs | extra
+
+
+def llm_from_args(args: argparse.Namespace, **extra: object) -> LLM:
+    from roseinfer.entrypoints.llm import LLM
+
+    model, kwargs = llm_kwargs(args, **extra)
+    return LLM(model, **kwargs)  # type: ignore[arg-type]
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -1,16 +1,21 @@
-"""`AsyncLLMEngine`: the engine stepped on a thread of its own, each request an async stream. Outputs match the
-offline engine's; a caller that stops reading aborts its request and frees its blocks; a bad request, a duplicate
-id or a closed engine harms no other request; a failed step ends every open stream with the error."""
+"""The online engines, `AsyncLLMEngine` (the engine stepped on a thread of its own) and `EngineProcess` (in a process
+of its own), each request an async stream. Outputs match the offline engine's; a caller that stops reading aborts
+its request and frees its blocks; a bad request, a duplicate id or a closed engine harms no other request; a
+failed step ends every open stream with the error."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
+from functools import partial
 
 import pytest
 
 from roseinfer import LLM, RequestOutputKind, SamplingParams
-from roseinfer.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from roseinfer.engine.async_engine import AsyncLLMEngine
+from roseinfer.engine.engine_process import EngineProcess
+from roseinfer.engine.request_stream import EngineDeadError
+from tests.serve import engine_state
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11], [5], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
 
@@ -23,32 +28,31 @@ def make_llm() -> LLM:
     return LLM("tiny-llama", load_format="dummy", device="cpu", block_size=4, num_kv_blocks=96)
 
 
-@pytest.fixture
-def llm() -> LLM:
-    return make_llm()
+@pytest.fixture(params=["thread", "process"])
+def engine(request):
+    if request.param == "thread":
+        online: AsyncLLMEngine | EngineProcess = AsyncLLMEngine(make_llm().engine)
+    else:
+        online = EngineProcess("tiny-llama", load_format="dummy", device="cpu", block_size=4, num_kv_blocks=96)
+    yield online
+    online.close()
 
 
-@pytest.fixture
-def engine(llm: LLM):
-    async_engine = AsyncLLMEngine(llm.engine)
-    yield async_engine
-    async_engine.close()
-
-
-async def collect(engine: AsyncLLMEngine, prompt: list[int], params: SamplingParams) -> list[int]:
+async def collect(engine, prompt: list[int], params: SamplingParams) -> list[int]:
     tokens: list[int] = []
     async for out in engine.generate(prompt, params):
         tokens += out.outputs[0].token_ids
     return tokens
 
 
-async def idle_state(engine: AsyncLLMEngine) -> tuple[bool, int, float]:
-    """(requests still unfinished, groups open, KV usage), read on the engine thread after a settling pause."""
+async def idle_state(engine) -> tuple[bool, float]:
+    """(any request held, KV usage), read where the engine runs, after a settling pause."""
     await asyncio.sleep(0.05)
-    return await engine.call(lambda e: (e.has_unfinished_requests(), len(e.groups), e.core.kv.usage()))
+    state = await engine.call(engine_state.load)
+    return bool(state["busy"]), state["usage"]
 
 
-def test_concurrent_streams_match_the_offline_engine(engine: AsyncLLMEngine) -> None:
+def test_concurrent_streams_match_the_offline_engine(engine) -> None:
     lengths = [6, 3, 9, 5]
 
     async def main() -> list[list[int]]:
@@ -63,7 +67,7 @@ def test_concurrent_streams_match_the_offline_engine(engine: AsyncLLMEngine) -> 
     assert [len(t) for t in streamed] == lengths
 
 
-def test_final_only_gives_one_finished_output(engine: AsyncLLMEngine) -> None:
+def test_final_only_gives_one_finished_output(engine) -> None:
     async def main() -> list:
         return [out async for out in engine.generate([1, 2], greedy(4, RequestOutputKind.FINAL_ONLY))]
 
@@ -71,7 +75,7 @@ def test_final_only_gives_one_finished_output(engine: AsyncLLMEngine) -> None:
     assert len(outs) == 1 and outs[0].finished and len(outs[0].outputs[0].token_ids) == 4
 
 
-def test_a_reader_that_leaves_aborts_its_request(engine: AsyncLLMEngine) -> None:
+def test_a_reader_that_leaves_aborts_its_request(engine) -> None:
     async def main() -> tuple[list[int], tuple]:
         got: list[int] = []
         async for out in engine.generate([1, 2, 3], greedy(300)):
@@ -80,12 +84,12 @@ def test_a_reader_that_leaves_aborts_its_request(engine: AsyncLLMEngine) -> None
                 break  # leaves the stream: the request must be aborted
         return got, await idle_state(engine)
 
-    got, (unfinished, groups, usage) = asyncio.run(main())
+    got, (busy, usage) = asyncio.run(main())
     assert len(got) >= 3
-    assert (unfinished, groups, usage) == (False, 0, 0.0)
+    assert (busy, usage) == (False, 0.0)
 
 
-def test_a_cancelled_task_aborts_its_request(engine: AsyncLLMEngine) -> None:
+def test_a_cancelled_task_aborts_its_request(engine) -> None:
     async def main() -> tuple:
         task = asyncio.create_task(collect(engine, [4, 5, 6], greedy(300)))
         await asyncio.sleep(0.1)
@@ -94,10 +98,10 @@ def test_a_cancelled_task_aborts_its_request(engine: AsyncLLMEngine) -> None:
             await task
         return await idle_state(engine)
 
-    assert asyncio.run(main()) == (False, 0, 0.0)
+    assert asyncio.run(main()) == (False, 0.0)
 
 
-def test_a_bad_request_raises_at_add_and_harms_nobody(engine: AsyncLLMEngine) -> None:
+def test_a_bad_request_raises_at_add_and_harms_nobody(engine) -> None:
     async def main() -> list[int]:
         good = asyncio.create_task(collect(engine, [1, 2, 3], greedy(8)))
         with pytest.raises(ValueError, match="max_model_len"):
@@ -109,7 +113,7 @@ def test_a_bad_request_raises_at_add_and_harms_nobody(engine: AsyncLLMEngine) ->
     assert len(asyncio.run(main())) == 8
 
 
-def test_a_duplicate_request_id_is_refused_and_the_first_runs_on(engine: AsyncLLMEngine) -> None:
+def test_a_duplicate_request_id_is_refused_and_the_first_runs_on(engine) -> None:
     async def main() -> tuple[list[int], tuple]:
         first = await engine.add_request([1, 2, 3], greedy(6), request_id="same")
         with pytest.raises(ValueError, match="already in use"):
@@ -118,10 +122,10 @@ def test_a_duplicate_request_id_is_refused_and_the_first_runs_on(engine: AsyncLL
         return tokens, await idle_state(engine)
 
     tokens, state = asyncio.run(main())
-    assert len(tokens) == 6 and state == (False, 0, 0.0)
+    assert len(tokens) == 6 and state == (False, 0.0)
 
 
-def test_abort_by_id_ends_the_stream(engine: AsyncLLMEngine) -> None:
+def test_abort_by_id_ends_the_stream(engine) -> None:
     async def main() -> tuple[list, tuple]:
         stream = await engine.add_request([1, 2, 3], greedy(300), request_id="to-abort")
         engine.abort("to-abort")
@@ -129,15 +133,18 @@ def test_abort_by_id_ends_the_stream(engine: AsyncLLMEngine) -> None:
         return outs, await idle_state(engine)
 
     outs, state = asyncio.run(main())
-    assert all(not out.finished for out in outs) and state == (False, 0, 0.0)
+    assert all(not out.finished for out in outs) and state == (False, 0.0)
 
 
-def test_call_runs_on_the_engine_thread(engine: AsyncLLMEngine) -> None:
-    name = asyncio.run(engine.call(lambda e: threading.current_thread().name))
-    assert name == "roseinfer-engine" != threading.current_thread().name
+def test_call_runs_where_the_engine_runs(engine) -> None:
+    where = asyncio.run(engine.call(engine_state.where))
+    if isinstance(engine, EngineProcess):
+        assert where == (engine.pid, "MainThread") and engine.pid != os.getpid()
+    else:
+        assert where == (os.getpid(), "roseinfer-engine")
 
 
-def test_close_ends_open_streams_and_refuses_new_requests(engine: AsyncLLMEngine) -> None:
+def test_close_ends_open_streams_and_refuses_new_requests(engine) -> None:
     async def main() -> None:
         stream = await engine.add_request([1, 2, 3], greedy(300))
         await asyncio.to_thread(engine.close)
@@ -151,20 +158,9 @@ def test_close_ends_open_streams_and_refuses_new_requests(engine: AsyncLLMEngine
 
 
 @pytest.mark.no_invariant_hook
-def test_a_failed_step_fails_every_stream_and_later_requests(llm: LLM) -> None:
-    engine = AsyncLLMEngine(llm.engine)
-    real_step = llm.engine.core.step
-    calls = {"n": 0}
-
-    def failing_step():
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("device fault")
-        return real_step()
-
-    llm.engine.core.step = failing_step  # type: ignore[method-assign]
-
+def test_a_failed_step_fails_every_stream_and_later_requests(engine) -> None:
     async def main() -> None:
+        await engine.call(partial(engine_state.fail_step, after=3, message="device fault"))
         streams = [await engine.add_request(p, greedy(50)) for p in PROMPTS[:2]]
         for stream in streams:
             with pytest.raises(EngineDeadError, match="device fault"):
@@ -173,8 +169,5 @@ def test_a_failed_step_fails_every_stream_and_later_requests(llm: LLM) -> None:
         with pytest.raises(EngineDeadError, match="device fault"):
             await engine.add_request([1], greedy(2))
 
-    try:
-        asyncio.run(main())
-        assert isinstance(engine.dead, RuntimeError)
-    finally:
-        engine.close()
+    asyncio.run(main())
+    assert engine.dead is not None

@@ -11,11 +11,14 @@ from roseinfer.bench import serve_http
 from roseinfer.entrypoints.cli import main
 
 
-def test_the_same_requests_through_http_beside_in_process(tmp_path, capsys) -> None:
+@pytest.mark.parametrize(
+    "engine, where", [("process", "the engine in its own process"), ("thread", "the engine on a thread of")]
+)
+def test_the_same_requests_through_http_beside_in_process(tmp_path, capsys, engine: str, where: str) -> None:
     path = tmp_path / "serve.json"
     argv = ["bench", "serve", "--num-requests", "5", "--prompt-len", "12", "--output-len", "4", "--rates", "40,inf"]
     argv += ["--warmup-requests", "2", "--no-progress", "--http", "--http-clients", "2", "--json", str(path)]
-    assert main(argv) == 0
+    assert main([*argv, "--http-engine", engine]) == 0
     out = capsys.readouterr().out
     report = json.loads(path.read_text())
     http = report["http"]["rows"]
@@ -24,7 +27,10 @@ def test_the_same_requests_through_http_beside_in_process(tmp_path, capsys) -> N
         assert row["requests"] == 5
         assert row["output_tok_s"] * 5 / row["achieved_req_s"] == pytest.approx(5 * 4)  # every token came back
         assert 0 < row["ttft_p50_ms"] <= row["e2e_p99_ms"] and row["itl_p50_ms"] > 0
-    assert "=== W8 in-process against the same engine through its OpenAI server (2 processes of httpx" in out
+        assert row["client_cpu"] > 0 and row["server_cpu"] > 0
+        assert (row["engine_cpu"] is not None) == (engine == "process")
+    assert f"=== W8 in-process against the same engine through its OpenAI server ({where}" in out
+    assert "2 processes of httpx" in out
     assert out.count("        HTTP ") == 2 and out.count("  in-process ") == 2
 
 

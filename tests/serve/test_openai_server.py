@@ -14,14 +14,11 @@ from fastapi.testclient import TestClient
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.engine.async_engine import AsyncLLMEngine
+from roseinfer.engine.engine_process import EngineProcess
 from roseinfer.entrypoints.openai.api_server import build_app
+from tests.serve import engine_state
 
 NAME = "tiny-chat"
-
-
-@pytest.fixture(scope="module")
-def llm(model_with_tokenizer: str) -> LLM:
-    return LLM(model_with_tokenizer, device="cpu", block_size=4, num_kv_blocks=256)
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +27,14 @@ def reference(model_with_tokenizer: str) -> LLM:
     return LLM(model_with_tokenizer, device="cpu", block_size=4, num_kv_blocks=256)
 
 
-@pytest.fixture(scope="module")
-def client(llm: LLM) -> Iterator[TestClient]:
-    engine = AsyncLLMEngine(llm.engine)
+@pytest.fixture(scope="module", params=["process", "thread"])
+def client(request, model_with_tokenizer: str) -> Iterator[TestClient]:
+    """The server over the engine in a process of its own (`roseinfer serve`'s default), or on a thread."""
+    kwargs = {"device": "cpu", "block_size": 4, "num_kv_blocks": 256}
+    if request.param == "process":
+        engine: EngineProcess | AsyncLLMEngine = EngineProcess(model_with_tokenizer, **kwargs)
+    else:
+        engine = AsyncLLMEngine(LLM(model_with_tokenizer, **kwargs).engine)
     with TestClient(build_app(engine, NAME)) as test_client:
         yield test_client
     engine.close()
@@ -54,15 +56,11 @@ def events(client: TestClient, path: str, body: dict) -> list:
 
 
 def idle(client: TestClient, wait: float = 5.0) -> bool:
-    """Whether the engine holds no request and no block, read on its thread, within `wait` seconds (an abort
-    reaches the engine thread after the response, and an aborted step may still be in flight)."""
-    engine: AsyncLLMEngine = client.app.state.engine
-
-    def empty(e) -> bool:
-        return not e.has_unfinished_requests() and not e.groups and e.core.kv.usage() == 0.0
-
+    """Whether the engine holds no request and no block, read where it runs, within `wait` seconds (an abort
+    reaches the engine after the response, and an aborted step may still be in flight)."""
+    engine = client.app.state.engine
     deadline = time.monotonic() + wait
-    while not asyncio.run(engine.call(empty)):
+    while (state := asyncio.run(engine.call(engine_state.load)))["busy"] or state["usage"]:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
@@ -216,27 +214,30 @@ def test_metrics_in_prometheus_text(client: TestClient) -> None:
     assert lines["roseinfer_num_requests_running"] == "0.0"
 
 
-def test_the_serve_command_serves_the_named_model_and_closes_its_engine(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("mode", [[], ["--engine-thread"]], ids=["engine-process", "engine-thread"])
+def test_the_serve_command_serves_the_named_model_and_closes_its_engine(monkeypatch, capsys, mode) -> None:
     import uvicorn
 
+    from roseinfer.engine.request_stream import EngineDeadError
     from roseinfer.entrypoints.cli import main
 
     seen: dict = {}
 
-    def fake_run(app, host: str, port: int, log_level: str) -> None:
+    def fake_run(app, host: str, port: int, log_level: str, access_log: bool) -> None:
         with TestClient(app) as test_client:
             seen["models"] = test_client.get("/v1/models").json()
             body = {"model": "mine", "prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True}
             seen["completion"] = test_client.post("/v1/completions", json=body).json()
-        seen["engine"], seen["where"] = app.state.engine, (host, port, log_level)
+        seen["engine"], seen["where"] = app.state.engine, (host, port, log_level, access_log)
 
     monkeypatch.setattr(uvicorn, "run", fake_run)
     argv = ["serve", "--served-model-name", "mine", "--port", "8123", "--device", "cpu", "--num-kv-blocks", "64"]
-    assert main(argv) == 0
+    assert main([*argv, *mode]) == 0
     assert [m["id"] for m in seen["models"]["data"]] == ["mine"]
     assert seen["completion"]["usage"]["completion_tokens"] == 3
-    assert seen["where"] == ("127.0.0.1", 8123, "info")
-    assert not seen["engine"]._thread.is_alive()  # closed when the server stopped
+    assert seen["where"] == ("127.0.0.1", 8123, "info", False)
+    with pytest.raises(EngineDeadError, match="closed"):  # closed when the server stopped
+        asyncio.run(seen["engine"].add_request([1, 2], SamplingParams(max_tokens=2)))
     assert "serving 'mine' on http://127.0.0.1:8123/v1" in capsys.readouterr().err
 
 

@@ -6,30 +6,35 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import pytest
 
 from roseinfer import LLM
+from roseinfer.engine.async_engine import AsyncLLMEngine
+from roseinfer.engine.engine_process import EngineProcess
 from roseinfer.entrypoints.openai.server_thread import ServerThread
+from tests.serve import engine_state
 
 LONG = {"prompt": [1, 2, 3], "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
 
 
 class Server(ServerThread):
-    def __init__(self, llm: LLM) -> None:
-        super().__init__(llm.engine, "m")
+    def __init__(self, mode: str) -> None:
+        kwargs = {"load_format": "dummy", "device": "cpu", "block_size": 4, "num_kv_blocks": 512}
+        online = EngineProcess("tiny-llama", **kwargs) if mode == "process" else AsyncLLMEngine(
+            LLM("tiny-llama", **kwargs).engine
+        )
+        super().__init__(online, "m")
 
     def state(self) -> dict[str, float]:
-        def read(e) -> dict[str, float]:
-            finished = e.core.scheduler.num_finished
-            return {"busy": float(e.has_unfinished_requests() or bool(e.groups)), "usage": e.core.kv.usage(),
-                    "aborted": finished["abort"], "length": finished["length"]}  # fmt: skip
-
-        return asyncio.run(self.engine.call(read))
+        return asyncio.run(self.engine.call(engine_state.load))
 
     def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
         deadline = time.monotonic() + timeout
@@ -39,9 +44,9 @@ class Server(ServerThread):
         return state
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    running = Server(LLM("tiny-llama", load_format="dummy", device="cpu", block_size=4, num_kv_blocks=512))
+@pytest.fixture(params=["process", "thread"])
+def server(request) -> Iterator[Server]:
+    running = Server(request.param)
     yield running
     running.close()
 
@@ -82,25 +87,34 @@ def test_requests_in_flight_together_each_get_their_answer(server: Server) -> No
     assert server.wait_idle()["aborted"] == 0
 
 
-@pytest.mark.no_invariant_hook
-def test_a_dead_engine_says_so_everywhere(server: Server) -> None:
-    core = server.engine.engine.core
-    real_step, calls = core.step, {"n": 0}
-
-    def failing_step():
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("device fault")
-        return real_step()
-
-    core.step = failing_step  # type: ignore[method-assign]
+def says_it_is_dead(server: Server, said: str, kill: bool = False) -> None:
+    """A stream in flight ends with an error event naming `said`, then [DONE]; `/health` and later requests
+    answer 500. `kill`: the engine's process is killed once the stream has begun."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
         with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as response:
-            lines = [line for line in response.iter_lines() if line]
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            if kill:
+                os.kill(server.engine.pid, signal.SIGKILL)
+            lines = [line for line in lines if line]
         assert lines[-1] == "data: [DONE]"
         error = json.loads(lines[-2][len("data: ") :])["error"]
-        assert "device fault" in error["message"] and error["code"] == 500
+        assert said in error["message"] and error["code"] == 500
         health = client.get("/health")
-        assert health.status_code == 500 and "device fault" in health.json()["error"]["message"]
+        assert health.status_code == 500 and said in health.json()["error"]["message"]
         later = client.post("/v1/completions", json={"prompt": [1], "max_tokens": 2})
         assert later.status_code == 500 and "dead" in later.json()["error"]["message"]
+
+
+@pytest.mark.no_invariant_hook
+def test_a_failed_step_says_so_everywhere(server: Server) -> None:
+    asyncio.run(server.engine.call(partial(engine_state.fail_step, after=4, message="device fault")))
+    says_it_is_dead(server, "device fault")
+
+
+def test_an_engine_process_that_dies_says_so_everywhere() -> None:
+    server = Server("process")
+    try:
+        says_it_is_dead(server, "the engine process exited (code -9)", kill=True)
+    finally:
+        server.close()

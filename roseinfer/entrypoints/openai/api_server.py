@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from operator import methodcaller
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from roseinfer.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from roseinfer.engine.request_stream import EngineDeadError
 from roseinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from roseinfer.entrypoints.openai.responses import error_body
-from roseinfer.entrypoints.openai.serving import ModelNotFoundError, OpenAIServing
+from roseinfer.entrypoints.openai.serving import ModelNotFoundError, OnlineEngine, OpenAIServing
 from roseinfer.metrics import Counter
 
 logger = logging.getLogger("roseinfer.serve")
@@ -59,14 +60,14 @@ def prometheus_text(metrics: list[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
+def build_app(engine: OnlineEngine, model_name: str) -> FastAPI:
     """The server's routes over `engine` (which the caller closes), serving it as `model_name`."""
     from roseinfer import __version__
 
     app = FastAPI(title="roseinfer", version=__version__)
     app.state.engine = engine
     serving = OpenAIServing(engine, model_name)
-    max_model_len = engine.engine.config.max_model_len
+    max_model_len = engine.max_model_len
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -114,7 +115,7 @@ def build_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         try:
-            text = prometheus_text(await engine.call(lambda e: e.get_metrics()))
+            text = prometheus_text(await engine.call(methodcaller("get_metrics")))
         except EngineDeadError as e:
             return error_response(str(e), 500)
         return PlainTextResponse(text)

@@ -1,26 +1,28 @@
-"""The OpenAI server over an engine already built, on a thread of this process and a free local port: what
-`bench serve --http` and the tests run a client against (`roseinfer serve` runs uvicorn in the foreground)."""
+"""The OpenAI server on a thread of this process and a free local port, over an online engine (`AsyncLLMEngine` or
+`EngineProcess`): what `bench serve --http` and the tests run a client against (`roseinfer serve` runs uvicorn
+in the foreground)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
-from roseinfer.engine.async_engine import AsyncLLMEngine
-from roseinfer.engine.llm_engine import LLMEngine
+if TYPE_CHECKING:
+    from roseinfer.entrypoints.openai.serving import OnlineEngine
 
 
 class ServerThread:
     """Serves `engine` as `name` at `self.url` until `close()` (or the `with` block's end), which stops the
-    server, then the engine thread; the `LLMEngine` itself stays usable."""
+    server, then closes the engine (an `AsyncLLMEngine`'s `LLMEngine` stays usable)."""
 
-    def __init__(self, engine: LLMEngine, name: str, start_timeout: float = 30.0) -> None:
+    def __init__(self, engine: OnlineEngine, name: str, start_timeout: float = 30.0) -> None:
         import uvicorn
 
         from roseinfer.entrypoints.openai.api_server import build_app
 
-        self.engine = AsyncLLMEngine(engine)
+        self.engine = engine
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port: int = self._sock.getsockname()[1]

@@ -8,10 +8,13 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
-from roseinfer.engine.async_engine import AsyncLLMEngine, RequestStream
+from roseinfer.engine.async_engine import AsyncLLMEngine
+from roseinfer.engine.engine_process import EngineProcess
 from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.engine.request_stream import RequestStream
 from roseinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from roseinfer.entrypoints.openai.responses import (
     CompletionLogprobs,
@@ -85,8 +88,11 @@ async def merge(streams: Sequence[RequestStream]) -> AsyncIterator[list[tuple[in
             stream.abort()  # a task cancelled before it began iterating would not abort its stream
 
 
+OnlineEngine = AsyncLLMEngine | EngineProcess  # the engine on a thread of the server's process, or in its own
+
+
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: OnlineEngine, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
 
@@ -113,7 +119,7 @@ class OpenAIServing:
         request.refuse_unsupported()
         messages = [m.template_dict() for m in request.messages]
         add_prompt = request.add_generation_prompt
-        ids = await self.engine.call(lambda engine: render_chat(engine, messages, add_prompt))
+        ids = await self.engine.call(partial(render_chat, messages=messages, add_generation_prompt=add_prompt))
         params = request.sampling_params(request.max_new_tokens(), request.num_logprobs(), _kind(request))
         head = ResponseHead(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, "chat.completion")
         streams = await self._add_all([ids], params, head.id, request.cache_salt)
