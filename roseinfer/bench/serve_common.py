@@ -11,6 +11,7 @@ import numpy as np
 
 from roseinfer.bench.prefix_common import percentile
 from roseinfer.bench.workloads import Workload, token_id_range
+from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
 from roseinfer.sampling_params import RequestOutputKind, SamplingParams
 
 W8_PROMPT_LEN = 512
@@ -21,6 +22,23 @@ W8_MAX_RATE = 1024.0
 W8_WARMUP_REQUESTS = 32
 SATURATION_GROWTH = 1.10  # output tok/s must grow by this much from one rate to the next, or the sweep stops
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
+
+
+def w8_stream_flags(args: Any, vocab_size: int, rates: list[float]) -> list[str]:
+    """The flags that make a W8 client process (vLLM's peer, the HTTP client) draw the very requests and arrival
+    times this run drew (`add_w8_stream_arguments` reads them)."""
+    return ["--rates", ",".join(f"{r:g}" for r in rates), "--num-requests", str(args.num_requests),
+            "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
+            "--warmup-requests", str(args.warmup_requests), "--seed", str(args.seed), "--vocab-size", str(vocab_size),
+            *(["--no-progress"] if args.no_progress else [])]  # fmt: skip
+
+
+def add_w8_stream_arguments(parser: Any) -> None:
+    """A W8 client process's share of `w8_stream_flags` (the vocabulary, seed and progress flags come from the
+    process's own parser)."""
+    parser.add_argument("--rates", type=arrival_rates, required=True, help="the rates roseinfer ran, in its order")
+    for name in ("--num-requests", "--prompt-len", "--output-len", "--warmup-requests"):
+        parser.add_argument(name, type=positive_int, required=True)
 
 
 def build_w8(

@@ -25,27 +25,24 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from roseinfer.bench.prefix_online import poisson_offsets
-from roseinfer.bench.serve_common import LATENCIES, ServeResult, build_w8
+from roseinfer.bench.serve_common import (
+    LATENCIES,
+    ServeResult,
+    add_w8_stream_arguments,
+    build_w8,
+    w8_stream_flags,
+)
+from roseinfer.bench.serve_vllm import COMPARE_COLUMNS
 from roseinfer.bench.vllm_peer import run_peer_process, write_peer_report
 from roseinfer.bench.workloads import Workload
 from roseinfer.engine.llm_engine import LLMEngine
-from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
+from roseinfer.entrypoints.arg_types import positive_int
 
+# vLLM's side-by-side columns, the second row of a rate HTTP's, then each process's CPU.
 HTTP_COLUMNS = [
-    ("rate", "rate req/s", "g"),
-    ("engine", "driven", "s"),
-    ("output_tok_s", "out tok/s", ".0f"),
-    ("x_peer", "x HTTP", ".2f"),
-    *(
-        (f"{name}_{stat}_ms", f"{name.upper()} {stat} ms", ".1f")
-        for name in ("ttft", "tpot", "itl")
-        for stat in ("p50", "p99")
-    ),
-    ("e2e_p99_ms", "E2E p99 ms", ".0f"),
-    ("server_cpu", "server CPU", ".0%"),
-    ("engine_cpu", "engine CPU", ".0%"),
-    ("client_cpu", "client CPU", ".0%"),
-]
+    {"engine": ("engine", "driven", "s"), "x_peer": ("x_peer", "x HTTP", ".2f")}.get(column[0], column)
+    for column in COMPARE_COLUMNS
+] + [("server_cpu", "server CPU", ".0%"), ("engine_cpu", "engine CPU", ".0%"), ("client_cpu", "client CPU", ".0%")]
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -84,12 +81,8 @@ def run_http(
         where, engine_pid = "the engine in its own process", ["--engine-pid", str(online.pid)]
     with ServerThread(online, "w8") as server, tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "http.json")
-        cmd = [sys.executable, "-m", "roseinfer.bench.serve_http", "--url", server.url,
-               "--rates", ",".join(f"{r:g}" for r in rates), "--vocab-size", str(vocab),
-               "--num-requests", str(args.num_requests), "--prompt-len", str(args.prompt_len),
-               "--output-len", str(args.output_len), "--warmup-requests", str(args.warmup_requests),
-               "--seed", str(args.seed), "--client-procs", str(args.http_clients), "--json", path, *engine_pid,
-               *(["--no-progress"] if args.no_progress else [])]  # fmt: skip
+        cmd = [sys.executable, "-m", "roseinfer.bench.serve_http", "--url", server.url, *engine_pid,
+               "--client-procs", str(args.http_clients), "--json", path, *w8_stream_flags(args, vocab, rates)]  # fmt: skip
         report = run_peer_process(cmd, path)
     report["serving"] = f"{where}; {report.get('client', 'no')} client"
     if "error" in report:
@@ -204,12 +197,8 @@ def client_main(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m roseinfer.bench.serve_http", description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)
-    p.add_argument("--rates", type=arrival_rates, required=True)
+    add_w8_stream_arguments(p)
     p.add_argument("--vocab-size", type=positive_int, required=True)
-    p.add_argument("--num-requests", type=positive_int, required=True)
-    p.add_argument("--prompt-len", type=positive_int, required=True)
-    p.add_argument("--output-len", type=positive_int, required=True)
-    p.add_argument("--warmup-requests", type=positive_int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--json", required=True, metavar="PATH")
     p.add_argument("--client-procs", type=positive_int, default=4)

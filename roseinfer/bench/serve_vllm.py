@@ -27,7 +27,13 @@ from tqdm.auto import tqdm
 
 from roseinfer.bench.prefix_common import format_table
 from roseinfer.bench.prefix_online import poisson_offsets
-from roseinfer.bench.serve_common import PEER_COLUMNS, ServeResult, build_w8
+from roseinfer.bench.serve_common import (
+    PEER_COLUMNS,
+    ServeResult,
+    add_w8_stream_arguments,
+    build_w8,
+    w8_stream_flags,
+)
 from roseinfer.bench.vllm_peer import (
     engine_args,
     exit_peer_process,
@@ -39,7 +45,6 @@ from roseinfer.bench.vllm_peer import (
     write_peer_report,
 )
 from roseinfer.bench.workloads import Workload
-from roseinfer.entrypoints.arg_types import arrival_rates, positive_int
 
 NUM_WARMUP_ALONE = 4
 UNMEASURED = ("preemptions", "kv_usage_max", "max_step_ms", "compiles")  # roseinfer's engine-side columns
@@ -65,33 +70,8 @@ def peer_command(
     args: argparse.Namespace, model: str, vocab_size: int, rates: list[float], config: Any, path: str
 ) -> list[str]:
     """The `serve_vllm` command for the rates roseinfer ran, under the limits its engine ran with."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "roseinfer.bench.serve_vllm",
-        "--model",
-        model,
-        "--rates",
-        ",".join(f"{r:g}" for r in rates),
-        "--num-requests",
-        str(args.num_requests),
-        "--prompt-len",
-        str(args.prompt_len),
-        "--output-len",
-        str(args.output_len),
-        "--warmup-requests",
-        str(args.warmup_requests),
-        "--seed",
-        str(args.seed),
-        "--vocab-size",
-        str(vocab_size),
-        *limit_flags(config),
-        "--json",
-        path,
-    ]
-    if args.no_progress:
-        cmd.append("--no-progress")
-    return cmd
+    cmd = [sys.executable, "-m", "roseinfer.bench.serve_vllm", "--model", model]
+    return cmd + w8_stream_flags(args, vocab_size, rates) + [*limit_flags(config), "--json", path]
 
 
 def side_by_side(
@@ -204,11 +184,7 @@ async def serve_w8(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = peer_parser("roseinfer.bench.serve_vllm", __doc__)
-    p.add_argument("--rates", type=arrival_rates, required=True, help="the rates roseinfer ran, in its order")
-    p.add_argument("--num-requests", type=positive_int, required=True)
-    p.add_argument("--prompt-len", type=positive_int, required=True)
-    p.add_argument("--output-len", type=positive_int, required=True)
-    p.add_argument("--warmup-requests", type=positive_int, required=True)
+    add_w8_stream_arguments(p)
     return p
 
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from roseinfer.engine.llm_engine import LLMEngine, Prompt
-from roseinfer.engine.request_stream import END, EngineDeadError, RequestStream, by_loop, post
+from roseinfer.engine.request_stream import (
+    END,
+    EngineDeadError,
+    OnlineEngineBase,
+    RequestStream,
+    by_loop,
+    post,
+)
 from roseinfer.outputs import RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
@@ -26,19 +32,19 @@ T = TypeVar("T")
 Command = tuple[Any, ...]
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(OnlineEngineBase):
     """`await add_request(prompt, params)` validates and queues a request (a bad one raises its ValueError there,
     before anything is streamed) and returns its `RequestStream`; `generate` does both and yields the outputs.
     `params.output_kind` says what each output holds, as in `LLMEngine.step`."""
 
     def __init__(self, engine: LLMEngine) -> None:
+        super().__init__()
         self.engine = engine
         self.dead: BaseException | None = None
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._closing = False
         self._send_lock = threading.Lock()  # no command queued behind "close" goes unanswered
         self._streams: dict[str, RequestStream] = {}  # the engine thread's alone
-        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="roseinfer-engine", daemon=True)
         self._thread.start()
 
@@ -47,8 +53,7 @@ class AsyncLLMEngine:
     async def add_request(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
-        rid = request_id if request_id is not None else f"async-{next(self._ids)}"
-        stream = RequestStream(rid, self, asyncio.get_running_loop())
+        stream = self._new_stream(request_id)
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._send_or_raise(("add", stream, prompt, params, added))
         try:
@@ -60,13 +65,6 @@ class AsyncLLMEngine:
             stream.done = True
             raise
         return stream
-
-    async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        stream = await self.add_request(prompt, params, request_id)
-        async for out in stream:
-            yield out
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         """`fn(engine)` run on the engine thread between steps (the tokenizer, metrics, anything stateful)."""

@@ -15,12 +15,19 @@ import concurrent.futures
 import itertools
 import multiprocessing
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from roseinfer.engine.llm_engine import Prompt
-from roseinfer.engine.request_stream import END, EngineDeadError, RequestStream, by_loop, post
+from roseinfer.engine.request_stream import (
+    END,
+    EngineDeadError,
+    OnlineEngineBase,
+    RequestStream,
+    by_loop,
+    post,
+)
 from roseinfer.outputs import CompletionOutput, RequestOutput
 from roseinfer.sampling_params import SamplingParams
 
@@ -119,11 +126,12 @@ def engine_main(conn: Connection, model: str, kwargs: dict[str, Any]) -> None:
                 conn.send(("outputs", packed))
 
 
-class EngineProcess:
+class EngineProcess(OnlineEngineBase):
     """`LLM(model, **kwargs)` in a spawned process, driven as `AsyncLLMEngine` is (add_request, generate, call,
     abort, close). Starting blocks until the engine is built; a model that fails to build raises here."""
 
     def __init__(self, model: str, **kwargs: Any) -> None:
+        super().__init__()
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: CUDA cannot survive a fork
         self._conn, child = context.Pipe()
         self._process = context.Process(
@@ -148,7 +156,6 @@ class EngineProcess:
         self._streams: dict[str, RequestStream] = {}
         self._waiting: dict[int, concurrent.futures.Future[Any]] = {}
         self._tokens = itertools.count()
-        self._ids = itertools.count()
         self._reader = threading.Thread(target=self._read, name="roseinfer-engine-reader", daemon=True)
         self._reader.start()
 
@@ -157,8 +164,8 @@ class EngineProcess:
     async def add_request(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
-        rid = request_id if request_id is not None else f"async-{next(self._ids)}"
-        stream = RequestStream(rid, self, asyncio.get_running_loop())
+        stream = self._new_stream(request_id)
+        rid = stream.request_id
         with self._lock:
             if rid in self._streams:
                 raise ValueError(f"request_id {rid!r} is already in use")
@@ -175,13 +182,6 @@ class EngineProcess:
                     del self._streams[rid]
             raise
         return stream
-
-    async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        stream = await self.add_request(prompt, params, request_id)
-        async for out in stream:
-            yield out
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """`fn(engine)` run in the engine's process between steps; `fn` must pickle (a module's function, a

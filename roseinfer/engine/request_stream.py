@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from roseinfer.outputs import RequestOutput
+from roseinfer.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from roseinfer.engine.llm_engine import Prompt
 
 END = None  # what a stream's queue gets when its request ends without a finished output (aborted, closed)
 
@@ -70,6 +75,30 @@ class RequestStream:
         if not self.done:
             self.done = True
             self._engine._abort_stream(self)
+
+
+class OnlineEngineBase:
+    """What both online engines share: request ids, a new request's stream, and `generate` over `add_request`."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+
+    def _new_stream(self, request_id: str | None) -> RequestStream:
+        rid = request_id if request_id is not None else f"async-{next(self._ids)}"
+        return RequestStream(rid, self, asyncio.get_running_loop())  # type: ignore[arg-type]
+
+    async def add_request(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
+    ) -> RequestStream:
+        raise NotImplementedError
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """`add_request`, then the request's outputs as they come."""
+        stream = await self.add_request(prompt, params, request_id)
+        async for out in stream:
+            yield out
 
 
 def put_all(items: list[tuple[RequestStream, Any]]) -> None:
