@@ -256,3 +256,21 @@ def test_the_serve_command_names_a_missing_http_package(monkeypatch, capsys) -> 
     monkeypatch.setattr(builtins, "__import__", no_uvicorn)
     assert main(["serve"]) == 2
     assert 'uvicorn is missing): pip install -e ".[serve]"' in capsys.readouterr().err
+
+
+def test_tokenize_and_detokenize_as_vllm(client: TestClient, reference: LLM) -> None:
+    text = "Hello world! How are you?"
+    got = client.post("/tokenize", json={"prompt": text}).json()
+    assert got["tokens"] == reference.tokenizer.encode(text) and got["count"] == len(got["tokens"])
+    assert got["max_model_len"] == reference.engine.config.max_model_len
+    assert client.post("/detokenize", json={"tokens": got["tokens"]}).json() == {"prompt": text}
+    messages = [{"role": "user", "content": "How are you?"}]
+    chat = client.post("/tokenize", json={"messages": messages}).json()
+    assert chat["tokens"] == reference.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False)[0].prompt_token_ids
+    for path, body, message in [
+        ("/tokenize", {"prompt": "a", "messages": messages}, "either prompt"),
+        ("/tokenize", {"prompt": "a", "model": "other"}, "does not exist"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "outside the vocabulary"),
+    ]:
+        response = client.post(path, json=body)
+        assert response.status_code in (400, 404) and message in response.json()["error"]["message"]

@@ -1,7 +1,8 @@
 """`roseinfer serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over an `AsyncLLMEngine`.
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or `stream: true` server-sent events),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), `GET /version`. Errors come back in OpenAI's
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), `GET /version`, and vLLM's `POST /tokenize`
+and `POST /detokenize`. Errors come back in OpenAI's
 shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a request the engine refuses, 404 for another
 model's name, 500 once the engine is dead. A client that disconnects has its requests aborted.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from functools import partial
 from operator import methodcaller
 from typing import Any
 
@@ -19,9 +21,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from roseinfer.engine.request_stream import EngineDeadError
-from roseinfer.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from roseinfer.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIModel,
+    SamplingFields,
+)
 from roseinfer.entrypoints.openai.responses import error_body
 from roseinfer.entrypoints.openai.serving import ModelNotFoundError, OnlineEngine, OpenAIServing
+from roseinfer.entrypoints.openai.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from roseinfer.metrics import Counter
 
 logger = logging.getLogger("roseinfer.serve")
@@ -74,7 +82,7 @@ def build_app(engine: OnlineEngine, model_name: str) -> FastAPI:
         problems = [f"{'.'.join(map(str, e['loc'][1:])) or 'body'}: {e['msg']}" for e in exc.errors()]
         return error_response("; ".join(problems), 400)
 
-    async def answer(request: Request, body: SamplingFields, handler: Any) -> Response:
+    async def answer(request: Request, body: OpenAIModel, handler: Any) -> Response:
         if body.ignored_fields():
             logger.warning("ignored request fields: %s", ", ".join(body.ignored_fields()))
         try:
@@ -99,6 +107,14 @@ def build_app(engine: OnlineEngine, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
         return await answer_or_abandon(request, body, serving.chat)
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request, body: TokenizeRequest) -> Response:
+        return await answer(request, body, partial(serving.on_engine, tokenize))
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request, body: DetokenizeRequest) -> Response:
+        return await answer(request, body, partial(serving.on_engine, detokenize))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

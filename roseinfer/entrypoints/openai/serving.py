@@ -96,7 +96,7 @@ class OpenAIServing:
         self.engine = engine
         self.model_name = model_name
 
-    def check_model(self, request: SamplingFields) -> None:
+    def check_model(self, request: Any) -> None:
         if request.model is not None and request.model != self.model_name:
             raise ModelNotFoundError(f"The model `{request.model}` does not exist.")
 
@@ -129,6 +129,13 @@ class OpenAIServing:
         outs = await _finals(streams)
         choices = _ChatChoices(request)
         return head.body([choices.choice(0, outs[0], s) for s in outs[0].outputs], usage=_usage(outs, _generated(outs)))
+
+    async def on_engine(self, fn: Any, request: Any) -> dict[str, Any]:
+        """`fn(engine, request)` where the engine runs (the tokenizer routes)."""
+        self.check_model(request)
+        if hasattr(request, "refuse_unsupported"):
+            request.refuse_unsupported()
+        return await self.engine.call(partial(fn, request=request))
 
     async def _add_all(
         self, prompts: list[str | list[int]], params: SamplingParams, base_id: str, salt: str | None
