@@ -221,6 +221,12 @@ class CacheConfig:
     cpu_kv_tokens: int = 16384  # pool size in tokens when running on the CPU
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 (= fp8_e4m3) | fp8_e5m2: kv/cache_dtype.py
+    # The CPU tier below the GPU prefix cache (kv/offload.py): its pinned host memory in GiB (vLLM's
+    # --kv-offloading-size); 0: none. `num_cpu_blocks` sets its size in blocks instead.
+    kv_offloading_size: float = 0.0
+    num_cpu_blocks: int | None = None
+    # False: prefixes are reused from the CPU tier only, as if the GPU cache were always thrashed (benchmarks).
+    gpu_prefix_reuse: bool = True
 
     def __post_init__(self) -> None:
         check_kv_cache_dtype_name(self.kv_cache_dtype)
@@ -230,6 +236,16 @@ class CacheConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if not self.kv_offloading_size >= 0:
+            raise ValueError(f"kv_offloading_size must be >= 0 GiB, got {self.kv_offloading_size}")
+        if self.num_cpu_blocks is not None and self.num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be >= 0, got {self.num_cpu_blocks}")
+        if self.offloads and not self.enable_prefix_caching:
+            raise ValueError("the CPU tier (kv_offloading_size) needs prefix caching on: it is keyed by its hashes")
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.num_cpu_blocks) if self.num_cpu_blocks is not None else self.kv_offloading_size > 0
 
 
 SCHEDULER_MODES = ("continuous", "static", "naive")

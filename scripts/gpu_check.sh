@@ -4,7 +4,7 @@
 #   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
-#             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, ncu (on request)
+#             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz.
@@ -152,6 +152,14 @@ for s in "${sections[@]}"; do
       done
       # W3 is online: each rate takes (requests / rate) seconds, so it runs fewer requests per rate here.
       run prefix-W3 '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress --json "$LOGS/prefix_W3.json" ;;
+    offload)  # the CPU tier (`bench offload`): W7 whole, then W6 with OFFLOAD_W6_REQUESTS (default 200) requests, on
+              # OFFLOAD_SHAPES (default qwen2.5-0.5b); OFFLOAD_ARGS go to both
+      for shape in ${OFFLOAD_SHAPES:-qwen2.5-0.5b}; do
+        # shellcheck disable=SC2086  # OFFLOAD_ARGS is a list of options
+        run offload-W7-$shape '^(==|N |[0-9]|pinned)' $RI bench offload --model-shape $shape --workload W7 --no-progress --json "$LOGS/offload_W7_$shape.json" ${OFFLOAD_ARGS:-}
+        # shellcheck disable=SC2086
+        run offload-W6-$shape '^(==|h |[0-9])' $RI bench offload --model-shape $shape --workload W6 --num-requests ${OFFLOAD_W6_REQUESTS:-200} --no-progress --json "$LOGS/offload_W6_$shape.json" ${OFFLOAD_ARGS:-}
+      done ;;
     peers)  # vLLM 0.24 beside roseinfer on W1 and W2 (PEERS_SHAPES), in one call (~8 min for both shapes). First
             # assemble /tmp/vbundle.tar from the bundle's six chunks, one device call each, right after one another
             # (shared/peers/vllm/README.md); PEERS_DIR holds that folder's install.sh and bench_w1_w2.py.

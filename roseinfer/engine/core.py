@@ -52,6 +52,10 @@ class EngineCore:
             num_blocks = self.runner.determine_num_blocks()
         with timer.stage("KV cache"):
             self.runner.allocate_kv_cache(num_blocks)
+        num_cpu_blocks = self.runner.determine_num_cpu_blocks() if config.cache.offloads else 0
+        if num_cpu_blocks:
+            with timer.stage("CPU tier"):
+                self.runner.allocate_cpu_tier(num_cpu_blocks)
         with timer.stage("kernel warm-up"):
             self.runner.warm_up()
         with timer.stage("CUDA graphs"):
@@ -60,7 +64,13 @@ class EngineCore:
             tuple(timer.stages), num_blocks, config.cache.block_size, *self.runner.num_graphs()
         )
         logger.info("%s", self.startup.line())
-        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            num_cpu_blocks,
+            config.cache.gpu_prefix_reuse,
+        )
         self.scheduler = Scheduler(
             config.scheduler, self.kv, config.max_model_len, AdmissionPolicy(config.scheduler.policy)
         )
@@ -79,7 +89,21 @@ class EngineCore:
         self.runner.release(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self.inflight is not None
+        """Requests to run, a step in flight, or stores into the CPU tier not known done (whose blocks they hold)."""
+        offloader = self.runner.offloader
+        return (
+            self.scheduler.has_unfinished()
+            or self.inflight is not None
+            or (offloader is not None and offloader.busy)
+        )
+
+    def _collect_stores(self, wait: bool = False) -> bool:
+        """Hands the stores into the CPU tier that finished back to the KV cache manager; whether there were any."""
+        offloader = self.runner.offloader
+        done = offloader.completed(wait) if offloader is not None else []
+        if done:
+            self.kv.stores_done(done)
+        return bool(done)
 
     def step(self) -> tuple[list[Request], list[Request]]:
         """Runs one step; returns (requests that got a token, requests that finished in it).
@@ -92,13 +116,19 @@ class EngineCore:
 
     def _step(self) -> tuple[list[Request], list[Request]]:
         t0 = time.perf_counter()
+        if self.runner.offloader is not None:
+            self._collect_stores()
         with record("schedule"):
             out = self.scheduler.schedule()
         if out.preempted:  # told even where nothing runs this step: the rows must be free for the next
             self.runner.preempted(out.preempted)
         if out.is_empty:
+            if out.kv_stores:
+                self.runner.store_kv(out.kv_stores)
             if self.inflight is not None:  # nothing can be scheduled until the step in flight is known
                 return self._resolve()
+            if self._collect_stores(wait=True):  # their blocks may be what the waiting need
+                return [], []
             if self.scheduler.running or self.scheduler.waiting:
                 head = self.scheduler.waiting[0] if self.scheduler.waiting else self.scheduler.running[0]
                 raise RuntimeError(

@@ -60,6 +60,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a size in GiB)."""
+    value = _finite_float(text)
+    if value < 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def memory_fraction(text: str) -> float:
     """A share of the GPU's memory in (0, 1] (gpu_memory_utilization)."""
     value = _finite_float(text)

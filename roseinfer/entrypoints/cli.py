@@ -21,6 +21,7 @@ from roseinfer.entrypoints.arg_types import (
     logit_bias_map,
     logprob_count,
     memory_fraction,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -59,6 +60,7 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
         "offline throughput of a workload; naive/static/continuous; HF peer",
     ),
     "prefix": ("roseinfer.bench.prefix", "prefix caching on vs off: W4, W3 online, W5 COW, cow-micro, W2"),
+    "offload": ("roseinfer.bench.offload", "the CPU tier: W6 hit-rate sweep, W7 long-prompt rounds, per cache config"),
     "serve": (
         "roseinfer.bench.serve",
         "W8 online serving: TTFT, TPOT, ITL, E2E by arrival rate, to saturation",
@@ -197,6 +199,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cache.add_argument("--pin-prefix-file", default=None, help="JSON list or JSON lines of prefixes to pin")
     cache.add_argument(
+        "--kv-offloading-size",
+        type=non_negative_float,
+        default=0.0,
+        help="GiB of pinned host memory for the CPU tier below the GPU prefix cache (0: none)",
+    )
+    cache.add_argument(
         "--admission-policy",
         default="fcfs",
         choices=POLICIES,
@@ -226,6 +234,7 @@ def llm_kwargs(args: argparse.Namespace, **extra: object) -> tuple[str, dict[str
         gpu_memory_utilization=args.gpu_memory_utilization,
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,
+        kv_offloading_size=args.kv_offloading_size,
         pinned_prefixes=args.pin_prefix,
         pin_prefix_file=args.pin_prefix_file,
         admission_policy=args.admission_policy,

@@ -42,6 +42,9 @@ def make_engine_config(
     cpu_kv_tokens: int = 16384,
     enable_prefix_caching: bool = True,
     kv_cache_dtype: str = "auto",
+    kv_offloading_size: float = 0.0,
+    num_cpu_blocks: int | None = None,
+    gpu_prefix_reuse: bool = True,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 16384,
     scheduler_mode: str = "continuous",
@@ -91,6 +94,9 @@ def make_engine_config(
             cpu_kv_tokens,
             enable_prefix_caching,
             kv_cache_dtype,
+            kv_offloading_size,
+            num_cpu_blocks,
+            gpu_prefix_reuse,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs, max_num_batched_tokens, scheduler_mode, enable_chunked_prefill, admission_policy

@@ -28,6 +28,7 @@ class BlockPool:
         self.cached: dict[bytes, int] = {}  # content hash -> block id
         self.pinned: set[int] = set()  # blocks the operator pinned: never evicted
         self.num_evictions = 0
+        self.recently_freed: set[int] | None = None  # tracked only for the CPU tier (`KVCacheManager`)
 
     @property
     def num_free(self) -> int:
@@ -64,6 +65,8 @@ class BlockPool:
             self.ref_counts[b] = rc - 1
             if rc == 1:
                 self.free_queue[b] = None
+        if self.recently_freed is not None:
+            self.recently_freed.update(blocks)
 
     def set_hash(self, block: int, h: bytes, num_tokens: int) -> None:
         """Register `block`'s first `num_tokens` slots as content `h` (a longer key replaces a shorter one).

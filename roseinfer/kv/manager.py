@@ -9,14 +9,20 @@ One deliberate exception: a full block is registered as soon as the step that fi
 ("fresh"), so requests admitted in the same step can already read it: each layer stores the step's K/V
 before it attends. A fresh block is never a copy source (its content does not exist yet when the
 step's copies run), so a hit never makes a request write into one.
+
+With a CPU tier (`kv/offload.py`) every registered full block is also planned for a host slot, and is held by
+that store until the runner reports it done; an admission continues its cached prefix from the tier, into new
+blocks loaded before the step's forward (never the block it writes first, so a loaded block is never written).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from roseinfer.kv.block_pool import BlockPool
 from roseinfer.kv.block_tables import BlockTables
+from roseinfer.kv.offload import CpuTier
 from roseinfer.kv.prefix_cache import extend_block_hashes, hash_partial_block, root_hash
 from roseinfer.request import Request
 
@@ -26,9 +32,20 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        num_cpu_blocks: int = 0,
+        gpu_prefix_reuse: bool = True,
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        if num_cpu_blocks and not enable_prefix_caching:
+            raise ValueError("the CPU tier is keyed by the prefix cache's block hashes: it needs prefix caching on")
+        # False: prefixes are reused from the CPU tier only (the GPU cache as if always thrashed; a benchmark case).
+        self.gpu_prefix_reuse = gpu_prefix_reuse
         self.pool = BlockPool(num_blocks)
         self.tables = BlockTables()  # every change to a request's block_ids is mirrored here
         self.pending_copies: list[tuple[int, int]] = []
@@ -36,6 +53,14 @@ class KVCacheManager:
         self.fresh: set[int] = set()  # full blocks registered this step, filled by this step's forward
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self.cpu = CpuTier(num_cpu_blocks) if num_cpu_blocks else None
+        self.pending_loads: list[tuple[int, int]] = []  # (host slot, GPU block), for the next launch
+        self.pending_stores: list[tuple[int, int]] = []  # (GPU block, host slot), for the next launch
+        self.store_holds: Counter[int] = Counter()  # GPU blocks held by stores not yet reported done
+        self.num_loaded_tokens = 0  # prefix tokens loaded from the CPU tier rather than computed
+        self._freed_last_step: set[int] = set()
+        if self.cpu is not None:
+            self.pool.recently_freed = set()
 
     @property
     def num_blocks(self) -> int:
@@ -69,7 +94,7 @@ class KVCacheManager:
     def find_cached_prefix(self, req: Request) -> tuple[list[int], int]:
         """Blocks holding the longest cached prefix of the request's tokens, and its length in tokens; none
         for a request still to compute prompt logprobs (as vLLM v1), which needs every position's logits."""
-        if not self.enable_prefix_caching or req.needs_prompt_logprobs:
+        if not (self.enable_prefix_caching and self.gpu_prefix_reuse) or req.needs_prompt_logprobs:
             return [], 0
         cached = self.pool.cached
         blocks = []
@@ -116,17 +141,46 @@ class KVCacheManager:
         shared = sum(b in self.pool.pinned for b in blocks[: self._first_write(req, hit)])
         return self.num_blocks - len(self.pool.pinned) + shared
 
-    def admit(self, req: Request, prefix: tuple[list[int], int] | None = None) -> int:
-        """Attach the cached prefix (`usable_prefix`, unless given) to a request entering the running set;
-        returns the hit in tokens. At least the last token is always left to compute: its logits are needed.
+    def cpu_hit(self, req: Request, prefix: tuple[list[int], int]) -> list[int]:
+        """Host slots continuing `prefix` (a GPU prefix of whole blocks) block by block from the CPU tier, up to
+        the block holding the last token, which is computed (and may be written)."""
+        blocks, hit = prefix
+        if self.cpu is None or req.needs_prompt_logprobs or hit != len(blocks) * self.block_size:
+            return []
+        hashes = self._hashes(req)
+        slots = []
+        for i in range(len(blocks), min(len(hashes), (req.num_tokens - 1) // self.block_size)):
+            slot = self.cpu.lookup(hashes[i])
+            if slot is None:
+                break
+            slots.append(slot)
+        return slots
+
+    def admit(
+        self, req: Request, prefix: tuple[list[int], int] | None = None, cpu_slots: Sequence[int] = ()
+    ) -> int:
+        """Attach the cached prefix (`usable_prefix`, unless given), then its continuation from the CPU tier
+        (`cpu_hit`) in new blocks, to a request entering the running set; returns the hit in tokens. At least
+        the last token is always left to compute: its logits are needed.
         """
         assert not req.block_ids
         blocks, hit = prefix if prefix is not None else self.usable_prefix(req)
         self.pool.incref(blocks)
         req.block_ids = list(blocks)
-        self.tables.write(req, 0, blocks)
+        if cpu_slots:
+            assert self.cpu is not None and hit == len(blocks) * self.block_size
+            loaded = self.pool.allocate(len(cpu_slots))
+            for i, (slot, block) in enumerate(zip(cpu_slots, loaded), start=len(blocks)):
+                self.pool.set_hash(block, req.block_hashes[i], self.block_size)
+                self.cpu.touch(slot)
+            self.pending_loads.extend(zip(cpu_slots, loaded))
+            self.cpu.num_loads += len(loaded)
+            self.num_loaded_tokens += len(loaded) * self.block_size
+            req.block_ids += loaded
+            hit += len(loaded) * self.block_size
+        self.tables.write(req, 0, req.block_ids)
         req.num_computed_tokens = self.admitted_start(req, hit)
-        req.num_registered_blocks = min(len(blocks), req.num_computed_tokens // self.block_size)
+        req.num_registered_blocks = min(len(req.block_ids), req.num_computed_tokens // self.block_size)
         return hit
 
     @staticmethod
@@ -206,6 +260,8 @@ class KVCacheManager:
 
     def begin_step(self) -> None:
         self.fresh.clear()
+        if self.pool.recently_freed is not None:
+            self._freed_last_step, self.pool.recently_freed = self.pool.recently_freed, set()
 
     # Both registrations are asked for every scheduled request on every step, and most steps complete no
     # block: they test that before calling on.
@@ -232,9 +288,48 @@ class KVCacheManager:
         for i in range(req.num_registered_blocks, full):
             block = req.block_ids[i]
             self.pool.set_hash(block, hashes[i], self.block_size)
-            if fresh and self.pool.block_hash[block] == hashes[i]:
-                self.fresh.add(block)
+            if self.pool.block_hash[block] == hashes[i]:  # else another block holds it, and stored it
+                if fresh:
+                    self.fresh.add(block)
+                if self.cpu is not None:
+                    self._plan_store(block, hashes[i])
         req.num_registered_blocks = max(req.num_registered_blocks, full)
+
+    # -- CPU tier -----------------------------------------------------------------------------------
+
+    def _plan_store(self, block: int, h: bytes) -> None:
+        assert self.cpu is not None
+        slot = self.cpu.reserve(h)
+        if slot is not None:
+            self.pool.incref([block])  # the store reads it after the step that fills it: nobody may reuse it
+            self.store_holds[block] += 1
+            self.pending_stores.append((block, slot))
+
+    def take_offload(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bool]:
+        """The copies planned since the last call, for the launch that follows: (loads, stores, whether the
+        loads must wait for the step in flight, which may still write a block freed since it was scheduled)."""
+        loads, stores = self.pending_loads, self.pending_stores
+        self.pending_loads, self.pending_stores = [], []
+        wait = False
+        if loads:
+            recent = self.pool.recently_freed or set()
+            wait = any(b in self._freed_last_step or b in recent for _, b in loads)
+        return loads, stores, wait
+
+    def stores_done(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """The runner finished these (block, host slot) stores: their slots are loadable, their blocks free."""
+        assert self.cpu is not None
+        blocks = [b for b, _ in pairs]
+        self.store_holds.subtract(blocks)
+        self.store_holds += Counter()  # drop the zeros
+        self.pool.free(blocks)
+        self.cpu.stored([s for _, s in pairs])
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the cached content of every free GPU block and of the whole CPU tier."""
+        self.pool.reset_cache()
+        if self.cpu is not None:
+            self.cpu.reset()
 
     def on_prompt_computed(self, req: Request) -> None:
         """Register the partly filled last prompt block once its KV exists: identical prompts and n > 1
@@ -290,6 +385,10 @@ class KVCacheManager:
                 holders[b] = holders.get(b, 0) + 1
         for b in self.pool.pinned:
             holders[b] = holders.get(b, 0) + 1
+        for b, n in self.store_holds.items():
+            holders[b] = holders.get(b, 0) + n
+        if self.cpu is not None:
+            self.cpu.check_invariants()
         self.pool.check_invariants(holders)
         self.tables.check(requests)
         held = sum(1 for rc in self.pool.ref_counts if rc > 0)

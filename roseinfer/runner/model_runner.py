@@ -21,6 +21,7 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
+from roseinfer.runner.kv_offload import KVOffloader, cpu_tier_num_blocks
 from roseinfer.runner.kv_sizing import GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
@@ -105,6 +106,7 @@ class ModelRunner:
                 config.pdl_decode and pdl_supported(self.device) and self.model.pdl_decode_pays
             )
         self.kv_cache: torch.Tensor | None = None
+        self.offloader: KVOffloader | None = None
         self.staging = Staging(self.device)  # start-up profiling and benchmarks
         self.stagings = (Staging(self.device), Staging(self.device))  # alternate launches
         self.num_launches = 0
@@ -179,6 +181,16 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_cache = self._new_kv_cache(num_blocks)
+
+    def determine_num_cpu_blocks(self) -> int:
+        cache = self.config.cache
+        if cache.num_cpu_blocks is not None:
+            return cache.num_cpu_blocks
+        return cpu_tier_num_blocks(cache.kv_offloading_size, self.block_bytes())
+
+    def allocate_cpu_tier(self, num_slots: int) -> None:
+        assert self.kv_cache is not None, "allocate_kv_cache() first"
+        self.offloader = KVOffloader(self.kv_cache, num_slots) if num_slots else None
 
     def _new_kv_cache(self, num_blocks: int) -> torch.Tensor:
         c = self.cfg
@@ -275,6 +287,10 @@ class ModelRunner:
         """Queues one step on the device without waiting for it. Input ids still pending on the host are
         taken from the previous launch's sampled tokens, which stay on the device."""
         assert self.kv_cache is not None, "allocate_kv_cache() first"
+        if out.kv_loads:
+            assert self.offloader is not None
+            with record("kv_load"):
+                self.offloader.load(out.kv_loads, out.kv_loads_wait)
         if out.blocks_to_copy:
             with record("copy_blocks"):
                 self.copy_blocks(out.blocks_to_copy)
@@ -340,6 +356,8 @@ class ModelRunner:
                 if rows:
                     logits = self.model.compute_logits(hidden[logits_index.long()])
                 self.step_paths["eager"] += 1
+        if out.kv_stores:
+            self.store_kv(out.kv_stores)
         if batch is None:
             done = None
             if prompt is not None and self.device.type == "cuda":
@@ -367,6 +385,12 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return StepFuture(len(out.scheduled), rows, host, done, step.one_sample_each, host_logprobs, prompt)
+
+    def store_kv(self, pairs: list[tuple[int, int]]) -> None:
+        """(block, host slot) stores into the CPU tier, after whatever fills those blocks."""
+        assert self.offloader is not None
+        with record("kv_store"):
+            self.offloader.store(pairs)
 
     def release(self, req: Request) -> None:
         """A finished request's sampling state (its generator, its penalty row)."""

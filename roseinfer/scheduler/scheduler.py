@@ -45,6 +45,11 @@ class SchedulerOutput:
     # (index in `scheduled`, first position, end position): the prompt positions whose logprobs a request
     # asking for them computes this step (`Request.prompt_logprobs`); empty in most steps.
     prompt_logprobs: list[tuple[int, int, int]] = field(default_factory=list)
+    # The CPU tier's copies (kv/offload.py): (host slot, block) loads before the forward, and whether they
+    # must wait for the step in flight; (block, host slot) stores after it.
+    kv_loads: list[tuple[int, int]] = field(default_factory=list)
+    kv_loads_wait: bool = False
+    kv_stores: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -167,6 +172,8 @@ class Scheduler:
         if not out.preempted or not out.scheduled:
             self._admit(out, budget)
         out.blocks_to_copy = self.kv.take_copies()
+        if self.kv.cpu is not None:
+            out.kv_loads, out.kv_stores, out.kv_loads_wait = self.kv.take_offload()
         out.tables = self.kv.tables
         self._commit(out)
         self.num_steps += 1
@@ -227,12 +234,18 @@ class Scheduler:
             if self.running and taken + self._seats(req) > max_seqs:
                 break
             prefix = self.kv.usable_prefix(req)
-            if not self._fits(req, budget, prefix, form_batch):
+            # The prefix continued from the CPU tier: its blocks are new ones, loaded instead of computed.
+            cpu_slots = self.kv.cpu_hit(req, prefix)
+            loaded = (prefix[0], prefix[1] + len(cpu_slots) * self.kv.block_size)
+            if cpu_slots and not self._fits(req, budget, loaded, form_batch):
+                cpu_slots, loaded = [], prefix
+            if not cpu_slots and not self._fits(req, budget, prefix, form_batch):
                 # The hit block it writes first needs a copy: recomputing it instead takes one block less.
                 prefix = self.kv.prefix_without_copy(req, prefix)
                 if not self._fits(req, budget, prefix, form_batch):
                     break
-            num_new = req.num_tokens - self.kv.admitted_start(req, prefix[1])
+                loaded = prefix
+            num_new = req.num_tokens - self.kv.admitted_start(req, loaded[1])
             # Without chunked prefill a prompt fits one step's budget (validated), but a preempted request's
             # recompute (prompt + output) may not: it is chunked, or it could never run again. Asked before
             # `admit`, as `admission_fits` is: a rollback would refresh its cached blocks in the LRU order.
@@ -243,7 +256,7 @@ class Scheduler:
                 or num_new > self.config.max_num_batched_tokens
             ):
                 break
-            self.kv.admit(req, prefix)
+            self.kv.admit(req, prefix, cpu_slots)
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(req, num_new):
                 self.kv.free(req)

@@ -1,6 +1,6 @@
 """A randomized LLMEngine driver: tiny pools, prefix caching on/off, pins, identical prompts, greedy n > 1,
 chunked prefill under small budgets, aborts at random points, requests that can never fit, every mode and
-admission policy, sync and async, min_tokens holding off a stop id the request would generate, presence /
+admission policy, sync and async, a CPU tier (sometimes the only reuse), min_tokens holding off a stop id the request would generate, presence /
 frequency / repetition penalties. Invariants after every step; greedy output against a reference engine with
 every cache feature off."""
 
@@ -86,6 +86,10 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
         admission_policy=rng.choice(["fcfs", "lpm", "lof"]),
         async_scheduling=rng.random() < 0.5,
     )
+    # The CPU tier, from a stream of its own so that the cases' other draws stay as they were.
+    tier = random.Random(seed + 20_000)
+    if caching and tier.random() < 0.5:
+        kw.update(num_cpu_blocks=tier.randint(2, 40), gpu_prefix_reuse=tier.random() < 0.7)
     bases = [[rng.randint(3, 300) for _ in range(rng.randint(2, 20))] for _ in range(3)]
     pins = []
     if caching and rng.random() < 0.4:
@@ -198,4 +202,5 @@ def run_case(model_dir: str, ref: Reference, seed: int, steps: int = 60) -> dict
         "rejected": n_rejected,
         "preemptions": core.scheduler.num_preemptions,
         "hits": core.kv.num_hit_tokens,
+        "loaded": core.kv.num_loaded_tokens,
     }

@@ -7,9 +7,15 @@ token is written (each layer stores before it attends), then every scheduled req
 through its block table; a read of a slot that holds another prefix's key is a wrong KV read. The sampled
 token is a function of the prefix key and the sample index only, so output never depends on batching,
 caching, chunking or preemption: each request's output must equal `reference(...)`.
+
+With a CPU tier, a step's loads copy host slots into blocks before anything else, and its stores snapshot
+their blocks after the step's writes; a store lands in its slot only when it is reported done, at a random
+later step (`rng`), and its block must not have changed meanwhile (the store holds it).
 """
 
 from __future__ import annotations
+
+import random
 
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.request import Request, RequestStatus
@@ -52,7 +58,7 @@ class SimEngine:
     """Steps a scheduler as EngineCore does (async: step N+1 is scheduled before step N's tokens are
     applied; a step with forks is applied at once), executing each step against the simulated KV."""
 
-    def __init__(self, sched: Scheduler, async_: bool) -> None:
+    def __init__(self, sched: Scheduler, async_: bool, rng: random.Random | None = None) -> None:
         self.sched = sched
         self.kv: KVCacheManager = sched.kv
         self.async_ = async_
@@ -65,11 +71,15 @@ class SimEngine:
         # A request admitted and freed within one schedule() was rolled back: its cached prefix blocks went
         # back to the most recently used end of the free queue, unused.
         self._admitted: set[int] = set()
+        self.rng = rng or random.Random(0)
+        self.host: dict[int, list[int | None]] = {}  # CPU tier slot -> content
+        self.stores: list[tuple[int, int, list[int | None]]] = []  # (block, slot, content) not reported done
+        self.num_loads = 0
         admit, free = self.kv.admit, self.kv.free
 
-        def admit_(req: Request, prefix: tuple[list[int], int] | None = None) -> int:
+        def admit_(req: Request, prefix: tuple[list[int], int] | None = None, cpu_slots=()) -> int:
             self._admitted.add(req.uid)
-            return admit(req, prefix)
+            return admit(req, prefix, cpu_slots)
 
         def free_(req: Request) -> None:
             assert req.uid not in self._admitted or not req.block_ids, f"{req}: admission rolled back"
@@ -82,17 +92,31 @@ class SimEngine:
         self.sched.add_request(req)
 
     def has_unfinished(self) -> bool:
-        return self.sched.has_unfinished() or self.inflight is not None
+        return self.sched.has_unfinished() or self.inflight is not None or bool(self.stores)
+
+    def finish_stores(self, everything: bool) -> None:
+        """Report a random leading share of the stores in flight done (all with `everything`), as the runner
+        reports them in issue order."""
+        n = len(self.stores) if everything else self.rng.randint(0, len(self.stores))
+        done, self.stores = self.stores[:n], self.stores[n:]
+        for block, slot, content in done:
+            assert self.store[block] == content, f"block {block} changed while its store was in flight"
+            self.host[slot] = content
+        if done:
+            self.kv.stores_done([(b, s) for b, s, _ in done])
 
     def tokens(self, req: Request) -> list[int]:
         return req.all_token_ids + self.pending.get(req.uid, [])
 
     def step(self) -> SchedulerOutput:
         self._admitted.clear()
+        self.finish_stores(everything=False)
         out = self.sched.schedule()
         self._admitted.clear()
         self.check_step(out)
         sampled = self.execute(out)
+        if out.is_empty and self.inflight is None:
+            self.finish_stores(everything=True)  # as EngineCore: their blocks may be what the waiting need
         self.got = []
         if self.inflight is not None:
             self._apply()
@@ -105,6 +129,10 @@ class SimEngine:
 
     def execute(self, out: SchedulerOutput) -> list[list[int]]:
         bs = self.kv.block_size
+        for slot, block in out.kv_loads:
+            assert slot in self.host, f"load from slot {slot}, which no finished store filled"
+            self.store[block] = list(self.host[slot])
+            self.num_loads += 1
         for src, dst in out.blocks_to_copy:
             self.store[dst] = list(self.store[src])
         written: dict[tuple[int, int], int] = {}
@@ -137,6 +165,7 @@ class SimEngine:
             else:
                 tokens = []
             sampled.append(tokens)
+        self.stores += [(block, slot, list(self.store[block])) for block, slot in out.kv_stores]
         return sampled
 
     def _apply(self) -> None:

@@ -1,6 +1,7 @@
 """Scheduler + KV cache manager against a simulated KV whose every read is checked (tests/scheduler/
 kv_content_sim.py): tiny pools, prefix caching on and off, pins, identical prompts, n > 1, chunked prefill
-under small budgets, aborts at random points, all modes and admission policies, sync and async."""
+under small budgets, aborts at random points, all modes and admission policies, sync and async; half the
+caching cases with a CPU tier (a tiny one, often thrashed), some reusing prefixes from it alone."""
 
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ def run_case(seed: int) -> SimEngine:
     chunked = rng.random() < 0.7
     budget = rng.choice([1, 2, 3, 8, 64]) if chunked else rng.choice([8, 16, 64])
     max_len = rng.choice([40, 64, 10_000])
-    kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=caching)
+    # Drawn apart, so that each seed's other choices stay what they were before the CPU tier existed.
+    offload_rng = random.Random(seed + 10_000)
+    num_cpu_blocks = offload_rng.randint(1, 40) if caching and offload_rng.random() < 0.5 else 0
+    gpu_reuse = not num_cpu_blocks or offload_rng.random() < 0.7
+    kv = KVCacheManager(num_blocks, bs, caching, num_cpu_blocks, gpu_reuse)
     policy = AdmissionPolicy(rng.choice(["fcfs", "lpm", "lof"]), max_wait_steps=rng.randint(1, 8))
     sched = Scheduler(SchedulerConfig(rng.randint(1, 8), budget, mode, chunked), kv, max_len, policy)
-    sim = SimEngine(sched, async_=rng.random() < 0.5)
+    sim = SimEngine(sched, async_=rng.random() < 0.5, rng=offload_rng)
     bases = [[rng.randint(10, 60) for _ in range(rng.randint(1, 24))] for _ in range(3)]
 
     # Pins, as LLMEngine.pin_prefix does (with no request in the engine): run the aligned prefix alone, then
@@ -92,7 +97,7 @@ def run_case(seed: int) -> SimEngine:
             if caching and rng.random() < 0.1:
                 pin(rng.choice(bases))  # later, over a warm cache
             continue
-        was_inflight = sim.inflight is not None
+        was_inflight = sim.inflight is not None or bool(sim.stores)
         out = sim.step()
         assert not (out.is_empty and not was_inflight), f"stalled: {list(sched.waiting)} {sched.running}"
         for b, content in pinned.items():
@@ -100,7 +105,7 @@ def run_case(seed: int) -> SimEngine:
     for _ in range(5000):
         if not sim.has_unfinished():
             break
-        was_inflight = sim.inflight is not None
+        was_inflight = sim.inflight is not None or bool(sim.stores)
         out = sim.step()
         assert not (out.is_empty and not was_inflight), f"stalled: {list(sched.waiting)} {sched.running}"
     assert not sim.has_unfinished()

@@ -1,0 +1,220 @@
+"""`roseinfer bench offload`: W6 (hit-rate sweep) and W7 (long-prompt rounds) over the cache configurations
+of WORKLOADS.md: none (no prefix cache), gpu, gpu+cpu (GPU prefix cache with the CPU tier), cpu (the CPU tier
+only: the GPU cache as if thrashed). One engine per configuration, on one set of dummy weights; every
+timed point starts on a cold cache (GPU and CPU). Each run's floor for its loads is the bytes loaded over
+the pinned host-to-device bandwidth measured in the same process."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from roseinfer.bench.device import free_memory, sync
+from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_options
+from roseinfer.bench.env import bench_header, format_header, write_json_report
+from roseinfer.bench.offload_report import format_w6, format_w7, measure_h2d_bandwidth, plot_offload
+from roseinfer.bench.workloads import token_id_range
+from roseinfer.engine.llm_engine import LLMEngine
+from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
+from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.sampling_params import SamplingParams
+
+CONFIGS = ("none", "gpu", "gpu+cpu", "cpu")
+STEP_BUDGET = 1024  # both workloads' step token budget
+W7_OUTPUTS = (2, 4, 8, 16, 32, 64, 128)
+
+
+def config_kwargs(name: str, offload_gib: float) -> dict[str, Any]:
+    return {
+        "none": {"enable_prefix_caching": False},
+        "gpu": {"enable_prefix_caching": True},
+        "gpu+cpu": {"enable_prefix_caching": True, "kv_offloading_size": offload_gib},
+        "cpu": {"enable_prefix_caching": True, "kv_offloading_size": offload_gib, "gpu_prefix_reuse": False},
+    }[name]
+
+
+def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    low, high = token_id_range(vocab_size)
+    rng = np.random.default_rng(seed)
+    return rng.integers(low, high, size=(n, length)).tolist()
+
+
+def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Seconds to run `prompts` to completion together."""
+    sync(engine.config.device)
+    t0 = time.perf_counter()
+    for p in prompts:
+        engine.add_request(p, params)
+    while engine.has_unfinished_requests():
+        engine.step(final_only=True)
+    sync(engine.config.device)
+    return time.perf_counter() - t0
+
+
+class Counters:
+    """Prefix tokens served from the cache and loaded from the CPU tier during one run."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.kv = engine.core.kv
+        self.hit0, self.loaded0 = self.kv.num_hit_tokens, self.kv.num_loaded_tokens
+
+    def read(self) -> dict[str, int]:
+        return {
+            "hit_tokens": self.kv.num_hit_tokens - self.hit0,
+            "loaded_tokens": self.kv.num_loaded_tokens - self.loaded0,
+        }
+
+
+def bench_w6(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
+    n, length, out = args.num_requests or 1000, args.prompt_len or 1000, args.output_len or 24
+    prompts = random_prompts(n, length, vocab, args.seed)
+    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+    seen = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    rows = []
+    for h in tqdm(args.hit_rates, desc="W6 h", disable=not progress, leave=False):
+        engine.core.kv.reset_prefix_cache()
+        k = int(round(h * length))
+        if k:
+            run_batch(engine, [p[:k] for p in prompts], seen)  # the first h of each prompt, seen before
+        counters = Counters(engine)
+        seconds = run_batch(engine, prompts, params)
+        rows.append({"h": h, "seconds": seconds, "req_per_s": n / seconds, **counters.read()})
+    return rows
+
+
+def bench_w7(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
+    n, length = args.num_requests or 10, args.prompt_len or 10240
+    prompts = random_prompts(n, length, vocab, args.seed + 7)
+    rows = []
+    points = [(o, r) for o in args.outputs for r in range(1, 4)]
+    for out, round_ in tqdm(points, desc="W7 N,round", disable=not progress, leave=False):
+        if round_ == 1:
+            engine.core.kv.reset_prefix_cache()
+        counters = Counters(engine)
+        seconds = run_batch(engine, prompts, SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
+        rows.append(
+            {"N": out, "round": round_, "seconds": seconds, "req_per_s": n / seconds, **counters.read()}
+        )
+    return rows
+
+
+def warm_up(engine: LLMEngine, vocab: int, length: int) -> None:
+    """Kernel compiles and autotuning outside the timed runs: prompts as long as the workload's, twice (the
+    second over a warm cache, so that the CPU tier's copies run too)."""
+    prompts = random_prompts(4, length, vocab, seed=12345)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for _ in range(2):
+        run_batch(engine, prompts, params)
+
+
+def run_offload(args: argparse.Namespace) -> dict[str, Any]:
+    model, shape = chosen_model(args)
+    workloads = ["W6", "W7"] if args.workload == "all" else [args.workload]
+    base = {"load_format": "dummy", "dtype": args.dtype, "max_num_batched_tokens": STEP_BUDGET}
+    base.update(engine_options(args))
+    probe, _ = make_engine_config(model, **base)
+    progress = not args.no_progress
+    scaled = any(v is not None for v in (args.num_requests, args.prompt_len, args.output_len))
+    header = bench_header(
+        ",".join(workloads),
+        shape,
+        command=getattr(args, "argv", None),
+        device=probe.device,
+        dtype=str(probe.dtype).removeprefix("torch."),
+        compare=f"configurations {', '.join(args.configs)}; CPU tier {args.kv_offloading_size:g} GiB",
+        scaled=scaled or args.hit_rates != DEFAULT_HIT_RATES or tuple(args.outputs) != W7_OUTPUTS,
+    )
+    print(format_header(header), flush=True)
+    h2d = measure_h2d_bandwidth(probe.device)
+    vocab = probe.model_config.vocab_size
+    results: dict[str, Any] = {w: {} for w in workloads}
+    shared = None
+    info: dict[str, Any] = {"h2d_bytes_per_s": h2d}
+    for name in args.configs:
+        kw = base | config_kwargs(name, args.kv_offloading_size)
+        config, path = make_engine_config(model, **kw)
+        engine = LLMEngine(config, path, shared)
+        shared = engine.core.runner.model
+        info["kv_bytes_per_token"] = engine.core.runner.block_bytes() // config.cache.block_size
+        info.setdefault("gpu_blocks", {})[name] = engine.core.num_blocks
+        cpu = engine.core.kv.cpu
+        info.setdefault("cpu_blocks", {})[name] = cpu.num_slots if cpu is not None else 0
+        warm_up(engine, vocab, min(args.prompt_len or 1000, 2048))
+        for w in workloads:
+            bench = bench_w6 if w == "W6" else bench_w7
+            results[w][name] = bench(engine, args, vocab, progress)
+        del engine
+        free_memory(probe.device)
+    texts = []
+    if "W6" in results:
+        texts.append(format_w6(results["W6"], info))
+    if "W7" in results:
+        texts.append(format_w7(results["W7"], info))
+    print("\n\n".join(texts), flush=True)
+    report = {"header": header, "info": info, "results": results, "plots": {}}
+    if args.json:
+        report["plots"] = plot_offload(report, args.json)
+        for p in report["plots"].values():
+            print(f"plot: {p}", flush=True)
+        write_json_report(args.json, report)
+    return report
+
+
+DEFAULT_HIT_RATES = [round(0.1 * i, 1) for i in range(11)]
+
+
+def parse_list(kind: type) -> Any:
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x]
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from e
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--workload", default="all", choices=["W6", "W7", "all"])
+    parser.add_argument(
+        "--configs",
+        type=parse_list(str),
+        default=list(CONFIGS),
+        help="comma-separated, from none,gpu,gpu+cpu,cpu",
+    )
+    parser.add_argument(
+        "--kv-offloading-size", type=non_negative_float, default=16.0, help="CPU tier GiB (default 16)"
+    )
+    parser.add_argument("--hit-rates", type=parse_list(float), default=DEFAULT_HIT_RATES, help="W6 h values")
+    parser.add_argument("--outputs", type=parse_list(int), default=list(W7_OUTPUTS), help="W7 output lengths")
+    parser.add_argument("--num-requests", type=positive_int, default=None, help="shrink: W6 1000, W7 10")
+    parser.add_argument("--prompt-len", type=positive_int, default=None, help="shrink: W6 1000, W7 10240")
+    parser.add_argument("--output-len", type=positive_int, default=None, help="shrink W6's 24 output tokens")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
+    )
+    parser.add_argument("--no-progress", action="store_true")
+    add_engine_arguments(parser, prefix_caching_flag=False)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown or not args.configs:
+        raise ValueError(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+    if any("cpu" in c for c in args.configs) and args.kv_offloading_size <= 0:
+        raise ValueError("the gpu+cpu and cpu configurations need --kv-offloading-size > 0")
+    if any(not 0.0 <= h <= 1.0 for h in args.hit_rates) or not args.hit_rates:
+        raise ValueError(f"--hit-rates must lie in [0, 1], got {args.hit_rates}")
+    if any(o < 1 for o in args.outputs) or not args.outputs:
+        raise ValueError(f"--outputs must be >= 1, got {args.outputs}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    run_offload(args)
+    return 0

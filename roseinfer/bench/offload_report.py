@@ -1,0 +1,103 @@
+"""`bench offload`'s tables, its load floor (bytes over the measured pinned host-to-device bandwidth) and plots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from roseinfer.bench.env import median_time
+from roseinfer.bench.plots import _save, _title, pyplot, report_plot_path
+
+
+def measure_h2d_bandwidth(device: torch.device, nbytes: int = 256 * 2**20) -> float | None:
+    """Bytes per second of one pinned host-to-device copy of `nbytes` (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    seconds = median_time(lambda: dev.copy_(host, non_blocking=True), device, warmup=2, repeats=5)
+    return nbytes / seconds
+
+
+def load_floor(row: dict[str, Any], info: dict[str, Any]) -> float | None:
+    """Seconds the run's loads take at the measured bandwidth: the least the CPU tier can cost it."""
+    bw = info.get("h2d_bytes_per_s")
+    return row["loaded_tokens"] * info["kv_bytes_per_token"] / bw if bw else None
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_w6(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
+    configs = list(res)
+    lines = [
+        "== W6 hit-rate sweep: req/s per h (hit tokens / loaded tokens; load floor s) ==",
+        "h     " + "".join(f"{c:>34}" for c in configs),
+    ]
+    for i, row in enumerate(next(iter(res.values()))):
+        cells = []
+        for c in configs:
+            r = res[c][i]
+            floor = _cell(load_floor(r, info), ".3f")
+            cells.append(f"{r['req_per_s']:>9.2f} ({r['hit_tokens']:>8}/{r['loaded_tokens']:>8}; {floor:>5})")
+        lines.append(f"{row['h']:<6.2f}" + "".join(f"{c:>34}" for c in cells))
+    return "\n".join(lines)
+
+
+def format_w7(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
+    configs = list(res)
+    lines = [
+        "== W7 long-prompt rounds: req/s per output length N and round (loaded tokens; load floor s) ==",
+        "N     round" + "".join(f"{c:>30}" for c in configs),
+    ]
+    for i, row in enumerate(next(iter(res.values()))):
+        cells = []
+        for c in configs:
+            r = res[c][i]
+            floor = _cell(load_floor(r, info), ".3f")
+            cells.append(f"{r['req_per_s']:>9.2f} ({r['loaded_tokens']:>8}; {floor:>5})")
+        lines.append(f"{row['N']:<6}{row['round']:<5}" + "".join(f"{c:>30}" for c in cells))
+    bw = info.get("h2d_bytes_per_s")
+    if bw:
+        lines.append(
+            f"pinned host-to-device copy: {bw / 1e9:.1f} GB/s; KV {info['kv_bytes_per_token']} B/token"
+        )
+    return "\n".join(lines)
+
+
+def plot_offload(report: dict[str, Any], base: str) -> dict[str, str]:
+    """W6: req/s against h per configuration; W7: req/s against N, rounds 1 and 3, per configuration."""
+    plt = pyplot()
+    if plt is None:
+        return {}
+    made = {}
+    results, title = report["results"], _title(report["header"])
+    if "W6" in results:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, rows in results["W6"].items():
+            ax.plot([r["h"] for r in rows], [r["req_per_s"] for r in rows], "o-", label=name)
+        ax.set(xlabel="hit rate h (share of each prompt seen before)", ylabel="req/s", title=f"W6: {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        made["W6"] = report_plot_path(base, "W6")
+        _save(plt, fig, made["W6"])
+    if "W7" in results:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, rows in results["W7"].items():
+            for round_, style in ((1, "o--"), (3, "s-")):
+                pts = [r for r in rows if r["round"] == round_]
+                ax.plot(
+                    [r["N"] for r in pts],
+                    [r["req_per_s"] for r in pts],
+                    style,
+                    label=f"{name} round {round_}",
+                )
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="output tokens N", ylabel="req/s", title=f"W7: {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        made["W7"] = report_plot_path(base, "W7")
+        _save(plt, fig, made["W7"])
+    return made
