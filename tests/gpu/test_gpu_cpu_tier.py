@@ -43,15 +43,30 @@ def greedy() -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
-@pytest.mark.parametrize("gpu_reuse", [True, False])
-@pytest.mark.parametrize("enforce_eager", [False, True])
+@pytest.mark.parametrize(
+    ("gpu_reuse", "enforce_eager", "kv_cache_dtype"),
+    [
+        (True, False, "auto"),
+        (False, False, "auto"),
+        (True, True, "auto"),
+        (False, True, "auto"),
+        (False, False, "fp8"),
+    ],
+)
 def test_rounds_from_the_tier_match_the_cache_off_engine(
-    model_dir, gpu_reuse: bool, enforce_eager: bool
+    model_dir, gpu_reuse: bool, enforce_eager: bool, kv_cache_dtype: str
 ) -> None:
     model, directory = model_dir
     prompts = random_prompts(model.config.vocab_size, seed=9, lengths=[70, 33, 64, 65, 48, 100, 17, 90])
     prompts += [prompts[0][:50] + [5, 6, 7], prompts[5]]
-    common = dict(device="cuda", dtype="float32", block_size=16, attention_backend="triton", max_num_seqs=4)
+    common = dict(
+        device="cuda",
+        dtype="float32",
+        block_size=16,
+        attention_backend="triton",
+        max_num_seqs=4,
+        kv_cache_dtype=kv_cache_dtype,  # fp8: the cache-off engine reads the same rounded K/V
+    )
     off = LLM(directory, enable_prefix_caching=False, num_kv_blocks=256, **common)
     want = [o.outputs[0].token_ids for o in off.generate(prompts, greedy(), use_tqdm=False)]
     del off

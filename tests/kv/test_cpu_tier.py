@@ -12,7 +12,7 @@ from roseinfer.config import CacheConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.kv.offload import CpuTier
 from roseinfer.request import Request
-from roseinfer.runner.kv_offload import KVOffloader, copy_runs, cpu_tier_num_blocks
+from roseinfer.runner.kv_offload import KVOffloader, cpu_tier_num_blocks, last_per_target, slot_runs
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -115,25 +115,38 @@ def test_loads_wait_for_the_step_in_flight_only_into_blocks_freed_since_it_was_s
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_copy_runs_merge_only_consecutive_pairs(seed: int) -> None:
+def test_slot_runs_merge_only_consecutive_slots(seed: int) -> None:
     rng = random.Random(seed)
-    pairs = [(rng.randrange(8), rng.randrange(8)) for _ in range(rng.randint(0, 12))]
-    pairs += [(20, 30), (21, 31), (22, 32), (40, 33)]
-    runs = copy_runs(pairs)
-    assert [(s + i, d + i) for s, d, n in runs for i in range(n)] == pairs
-    assert runs[-2:] == [(20, 30, 3), (40, 33, 1)]
+    slots = [rng.randrange(8) for _ in range(rng.randint(0, 12))] + [20, 21, 22, 40]
+    runs = slot_runs(slots)
+    assert [s + i for s, n in runs for i in range(n)] == slots
+    assert runs[-2:] == [(20, 3), (40, 1)]
 
 
-def test_offloader_round_trip_on_cpu() -> None:
-    kv_cache = torch.randn(6, 2, 2, 4, 1, 3)
-    off = KVOffloader(kv_cache, num_slots=5)
+def test_a_later_copy_to_the_same_target_wins() -> None:
+    assert last_per_target([(5, 1), (3, 2), (4, 1)], slot_at=0) == [(3, 2), (4, 1)]
+    assert last_per_target([(9, 7), (8, 6), (2, 7)], slot_at=1) == [(8, 6), (2, 7)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("staging_blocks", [1, 2, 64])
+def test_offloader_round_trip_on_cpu(dtype: torch.dtype, staging_blocks: int) -> None:
+    kv_cache = torch.randn(9, 2, 2, 4, 1, 3).to(dtype)
+    block_bytes = kv_cache[0].numel() * kv_cache.element_size()
+    off = KVOffloader(kv_cache, num_slots=7, staging_bytes=staging_blocks * block_bytes)
     before = kv_cache.clone()
-    off.store([(1, 3), (2, 4), (5, 0)])
-    assert off.busy and off.completed() == [(1, 3), (2, 4), (5, 0)] and not off.busy
+    stores = [(1, 3), (2, 4), (5, 0), (8, 6), (7, 0)]  # slot 0 twice: the later store, block 7, wins
+    off.store(stores)
+    assert (
+        off.busy and off.completed() == stores and not off.busy
+    )  # every store is reported, each block freed
     kv_cache.zero_()
-    off.load([(3, 0), (4, 1), (0, 2)], wait_for_step=False)
-    assert torch.equal(kv_cache[0], before[1]) and torch.equal(kv_cache[1], before[2])
-    assert torch.equal(kv_cache[2], before[5]) and off.num_load_copies == 2
+    off.load([(3, 0), (4, 1), (0, 2), (6, 8), (6, 3)], wait_for_step=False)
+    for block, src in [(0, 1), (1, 2), (2, 7), (8, 8), (3, 8)]:
+        assert torch.equal(kv_cache[block], before[src]), block
+    assert torch.count_nonzero(kv_cache[4:8]) == 0
+    # Slots 0, 3-4, 6 and 6 again: four runs in one chunk; smaller chunks cut them further.
+    assert off.num_load_copies == 4 if staging_blocks == 64 else off.num_load_copies >= 4
 
 
 def test_sizes_and_config_errors() -> None:
