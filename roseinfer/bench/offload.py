@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from roseinfer.bench.device import free_memory, sync
 from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_options
 from roseinfer.bench.env import bench_header, format_header, write_json_report
+from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.offload_report import format_w6, format_w7, measure_h2d_bandwidth, plot_offload
 from roseinfer.bench.workloads import token_id_range
 from roseinfer.engine.llm_engine import LLMEngine
@@ -43,29 +44,39 @@ def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list
     return rng.integers(low, high, size=(n, length)).tolist()
 
 
-def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> float:
-    """Seconds to run `prompts` to completion together."""
+def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+    """Seconds to run `prompts` to completion together, and the Triton kernels compiled meanwhile."""
     sync(engine.config.device)
-    t0 = time.perf_counter()
-    for p in prompts:
-        engine.add_request(p, params)
-    while engine.has_unfinished_requests():
-        engine.step(final_only=True)
-    sync(engine.config.device)
-    return time.perf_counter() - t0
+    with watch_triton_compiles() as compiled:
+        t0 = time.perf_counter()
+        for p in prompts:
+            engine.add_request(p, params)
+        while engine.has_unfinished_requests():
+            engine.step(final_only=True)
+        sync(engine.config.device)
+        seconds = time.perf_counter() - t0
+    return seconds, sum(compiled.values())
 
 
 class Counters:
     """Prefix tokens served from the cache and loaded from the CPU tier during one run."""
 
     def __init__(self, engine: LLMEngine) -> None:
+        self.core = engine.core
         self.kv = engine.core.kv
         self.hit0, self.loaded0 = self.kv.num_hit_tokens, self.kv.num_loaded_tokens
+        self.core.stats.reset()
+        self.preemptions0 = self.core.scheduler.num_preemptions
 
-    def read(self) -> dict[str, int]:
+    def read(self) -> dict[str, Any]:
+        stats = self.core.stats
         return {
             "hit_tokens": self.kv.num_hit_tokens - self.hit0,
             "loaded_tokens": self.kv.num_loaded_tokens - self.loaded0,
+            "steps": stats.num_steps,
+            "device_wait_s": stats.device_wait_time,
+            "prefill_s": stats.prefill_time,
+            "preemptions": self.core.scheduler.num_preemptions - self.preemptions0,
         }
 
 
@@ -81,8 +92,10 @@ def bench_w6(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: 
         if k:
             run_batch(engine, [p[:k] for p in prompts], seen)  # the first h of each prompt, seen before
         counters = Counters(engine)
-        seconds = run_batch(engine, prompts, params)
-        rows.append({"h": h, "seconds": seconds, "req_per_s": n / seconds, **counters.read()})
+        seconds, compiles = run_batch(engine, prompts, params)
+        rows.append(
+            {"h": h, "seconds": seconds, "req_per_s": n / seconds, "compiles": compiles} | counters.read()
+        )
     return rows
 
 
@@ -95,20 +108,24 @@ def bench_w7(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: 
         if round_ == 1:
             engine.core.kv.reset_prefix_cache()
         counters = Counters(engine)
-        seconds = run_batch(engine, prompts, SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
+        params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
+        seconds, compiles = run_batch(engine, prompts, params)
         rows.append(
-            {"N": out, "round": round_, "seconds": seconds, "req_per_s": n / seconds, **counters.read()}
+            {"N": out, "round": round_, "seconds": seconds, "req_per_s": n / seconds, "compiles": compiles}
+            | counters.read()
         )
     return rows
 
 
-def warm_up(engine: LLMEngine, vocab: int, length: int) -> None:
-    """Kernel compiles and autotuning outside the timed runs: prompts as long as the workload's, twice (the
-    second over a warm cache, so that the CPU tier's copies run too)."""
-    prompts = random_prompts(4, length, vocab, seed=12345)
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    for _ in range(2):
-        run_batch(engine, prompts, params)
+def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: int) -> None:
+    """Kernel compiles and autotuning outside the timed runs: the workload itself, smaller (fewer requests, other
+    tokens), over the shapes that meet new kernel variants (W6: a partial and a whole hit, whose short chunks
+    over long cached prefixes split their keys; W7: the three rounds)."""
+    small = argparse.Namespace(**vars(args))
+    small.num_requests = min(args.num_requests or 16, 16)
+    small.seed = args.seed + 1000
+    small.hit_rates, small.outputs = [0.5, 1.0], [2]
+    (bench_w6 if workload == "W6" else bench_w7)(engine, small, vocab, False)
 
 
 def run_offload(args: argparse.Namespace) -> dict[str, Any]:
@@ -143,8 +160,8 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         info.setdefault("gpu_blocks", {})[name] = engine.core.num_blocks
         cpu = engine.core.kv.cpu
         info.setdefault("cpu_blocks", {})[name] = cpu.num_slots if cpu is not None else 0
-        warm_up(engine, vocab, min(args.prompt_len or 1000, 2048))
         for w in workloads:
+            warm_up(engine, w, args, vocab)
             bench = bench_w6 if w == "W6" else bench_w7
             results[w][name] = bench(engine, args, vocab, progress)
         del engine

@@ -43,7 +43,7 @@ def format_w6(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str
             floor = _cell(load_floor(r, info), ".3f")
             cells.append(f"{r['req_per_s']:>9.2f} ({r['hit_tokens']:>8}/{r['loaded_tokens']:>8}; {floor:>5})")
         lines.append(f"{row['h']:<6.2f}" + "".join(f"{c:>34}" for c in cells))
-    return "\n".join(lines)
+    return "\n".join(lines + [_compiles(res)])
 
 
 def format_w7(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
@@ -64,7 +64,12 @@ def format_w7(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str
         lines.append(
             f"pinned host-to-device copy: {bw / 1e9:.1f} GB/s; KV {info['kv_bytes_per_token']} B/token"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + [_compiles(res)])
+
+
+def _compiles(res: dict[str, list[dict[str, Any]]]) -> str:
+    n = sum(r.get("compiles", 0) for rows in res.values() for r in rows)
+    return f"Triton compiles in the timed runs: {n}"
 
 
 def plot_offload(report: dict[str, Any], base: str) -> dict[str, str]:

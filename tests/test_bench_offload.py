@@ -1,0 +1,68 @@
+"""`roseinfer bench offload` on the CPU, shrunk: every configuration's rows, loads only where a CPU tier serves
+them, the report's tables and plots, and bad options refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from roseinfer.bench import offload
+from roseinfer.entrypoints.cli import build_parser
+
+
+def args(tmp_path, *extra: str):
+    argv = ["bench", "offload", "--model-shape", "tiny-llama", "--num-requests", "4", "--prompt-len", "40"]
+    argv += [
+        "--output-len",
+        "2",
+        "--kv-offloading-size",
+        "0.01",
+        "--no-progress",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    return build_parser().parse_args(argv + list(extra))
+
+
+def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
+    a = args(tmp_path, "--hit-rates", "0,1", "--outputs", "2")
+    offload.check_arguments(a)
+    report = offload.run_offload(a)
+    text = capsys.readouterr().out
+    assert "== W6 hit-rate sweep" in text and "== W7 long-prompt rounds" in text and "# scaled" in text
+    w6, w7 = report["results"]["W6"], report["results"]["W7"]
+    assert list(w6) == list(w7) == list(offload.CONFIGS)
+    for name, rows in w6.items():
+        assert [r["h"] for r in rows] == [0.0, 1.0]
+        whole = rows[1]
+        # A whole-prompt hit leaves the last token to compute; the CPU tier holds full blocks only.
+        assert whole["hit_tokens"] == {"none": 0, "gpu": 4 * 39, "gpu+cpu": 4 * 39, "cpu": 4 * 32}[name]
+        assert (whole["loaded_tokens"] > 0) == (name == "cpu")  # the GPU cache keeps everything in gpu+cpu
+        assert rows[0]["loaded_tokens"] == 0 and rows[0]["hit_tokens"] == 0  # h = 0: nothing seen before
+    assert (
+        w6["cpu"][1]["hit_tokens"] == w6["cpu"][1]["loaded_tokens"] == 4 * 32
+    )  # full blocks short of the last
+    for name, rows in w7.items():
+        assert [(r["N"], r["round"]) for r in rows] == [(2, 1), (2, 2), (2, 3)]
+        assert rows[0]["loaded_tokens"] == 0  # round 1 computes
+        assert all((r["loaded_tokens"] > 0) == (name == "cpu") for r in rows[1:])
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["results"]["W6"]["cpu"][1]["loaded_tokens"] == 128
+    assert saved["info"]["cpu_blocks"]["none"] == 0 and saved["info"]["cpu_blocks"]["cpu"] > 0
+    if report["plots"]:  # matplotlib installed
+        assert set(report["plots"]) == {"W6", "W7"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--configs", "gpu,disk"], "unknown"),
+        (["--hit-rates", "0.5,1.5"], "hit-rates"),
+        (["--outputs", "0"], "outputs"),
+        (["--kv-offloading-size", "0"], "kv-offloading-size"),
+    ],
+)
+def test_bad_options(tmp_path, extra: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        offload.check_arguments(args(tmp_path, *extra))
