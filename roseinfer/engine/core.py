@@ -13,6 +13,7 @@ from roseinfer.engine.startup import StartupReport, StartupTimer
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.profiling import record
 from roseinfer.request import Request, RequestStatus
+from roseinfer.runner.kv_offload import cpu_tier_num_blocks
 from roseinfer.runner.model_runner import ModelRunner
 from roseinfer.runner.step_future import StepFuture
 from roseinfer.scheduler.policy import AdmissionPolicy
@@ -52,7 +53,9 @@ class EngineCore:
             num_blocks = self.runner.determine_num_blocks()
         with timer.stage("KV cache"):
             self.runner.allocate_kv_cache(num_blocks)
-        num_cpu_blocks = self.runner.determine_num_cpu_blocks() if config.cache.offloads else 0
+        num_cpu_blocks = (
+            cpu_tier_num_blocks(config.cache, self.runner.block_bytes()) if config.cache.offloads else 0
+        )
         if num_cpu_blocks:
             with timer.stage("CPU tier"):
                 self.runner.allocate_cpu_tier(num_cpu_blocks)

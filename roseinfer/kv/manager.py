@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from roseinfer.kv.block_pool import BlockPool
 from roseinfer.kv.block_tables import BlockTables
-from roseinfer.kv.offload import CpuTier
+from roseinfer.kv.offload import CpuTier, OffloadPlan
 from roseinfer.kv.prefix_cache import extend_block_hashes, hash_partial_block, root_hash
 from roseinfer.request import Request
 
@@ -43,7 +43,9 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         if num_cpu_blocks and not enable_prefix_caching:
-            raise ValueError("the CPU tier is keyed by the prefix cache's block hashes: it needs prefix caching on")
+            raise ValueError(
+                "the CPU tier is keyed by the prefix cache's block hashes: it needs prefix caching on"
+            )
         # False: prefixes are reused from the CPU tier only (the GPU cache as if always thrashed; a benchmark case).
         self.gpu_prefix_reuse = gpu_prefix_reuse
         self.pool = BlockPool(num_blocks)
@@ -53,14 +55,7 @@ class KVCacheManager:
         self.fresh: set[int] = set()  # full blocks registered this step, filled by this step's forward
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
-        self.cpu = CpuTier(num_cpu_blocks) if num_cpu_blocks else None
-        self.pending_loads: list[tuple[int, int]] = []  # (host slot, GPU block), for the next launch
-        self.pending_stores: list[tuple[int, int]] = []  # (GPU block, host slot), for the next launch
-        self.store_holds: Counter[int] = Counter()  # GPU blocks held by stores not yet reported done
-        self.num_loaded_tokens = 0  # prefix tokens loaded from the CPU tier rather than computed
-        self._freed_last_step: set[int] = set()
-        if self.cpu is not None:
-            self.pool.recently_freed = set()
+        self.offload = OffloadPlan(self.pool, num_cpu_blocks) if num_cpu_blocks else None
 
     @property
     def num_blocks(self) -> int:
@@ -69,6 +64,19 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
+
+    @property
+    def cpu(self) -> CpuTier | None:
+        return self.offload.tier if self.offload is not None else None
+
+    @property
+    def num_loaded_tokens(self) -> int:
+        """Prefix tokens loaded from the CPU tier rather than computed."""
+        return self.offload.num_loaded_blocks * self.block_size if self.offload is not None else 0
+
+    @property
+    def store_holds(self) -> Counter[int]:
+        return self.offload.holds if self.offload is not None else Counter()
 
     @property
     def hit_rate(self) -> float:
@@ -168,14 +176,11 @@ class KVCacheManager:
         self.pool.incref(blocks)
         req.block_ids = list(blocks)
         if cpu_slots:
-            assert self.cpu is not None and hit == len(blocks) * self.block_size
+            assert self.offload is not None and hit == len(blocks) * self.block_size
             loaded = self.pool.allocate(len(cpu_slots))
-            for i, (slot, block) in enumerate(zip(cpu_slots, loaded), start=len(blocks)):
+            for i, block in enumerate(loaded, start=len(blocks)):
                 self.pool.set_hash(block, req.block_hashes[i], self.block_size)
-                self.cpu.touch(slot)
-            self.pending_loads.extend(zip(cpu_slots, loaded))
-            self.cpu.num_loads += len(loaded)
-            self.num_loaded_tokens += len(loaded) * self.block_size
+            self.offload.load(cpu_slots, loaded)
             req.block_ids += loaded
             hit += len(loaded) * self.block_size
         self.tables.write(req, 0, req.block_ids)
@@ -260,8 +265,8 @@ class KVCacheManager:
 
     def begin_step(self) -> None:
         self.fresh.clear()
-        if self.pool.recently_freed is not None:
-            self._freed_last_step, self.pool.recently_freed = self.pool.recently_freed, set()
+        if self.offload is not None:
+            self.offload.begin_step()
 
     # Both registrations are asked for every scheduled request on every step, and most steps complete no
     # block: they test that before calling on.
@@ -291,39 +296,19 @@ class KVCacheManager:
             if self.pool.block_hash[block] == hashes[i]:  # else another block holds it, and stored it
                 if fresh:
                     self.fresh.add(block)
-                if self.cpu is not None:
-                    self._plan_store(block, hashes[i])
+                if self.offload is not None:
+                    self.offload.store(block, hashes[i])
         req.num_registered_blocks = max(req.num_registered_blocks, full)
 
     # -- CPU tier -----------------------------------------------------------------------------------
 
-    def _plan_store(self, block: int, h: bytes) -> None:
-        assert self.cpu is not None
-        slot = self.cpu.reserve(h)
-        if slot is not None:
-            self.pool.incref([block])  # the store reads it after the step that fills it: nobody may reuse it
-            self.store_holds[block] += 1
-            self.pending_stores.append((block, slot))
-
     def take_offload(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bool]:
-        """The copies planned since the last call, for the launch that follows: (loads, stores, whether the
-        loads must wait for the step in flight, which may still write a block freed since it was scheduled)."""
-        loads, stores = self.pending_loads, self.pending_stores
-        self.pending_loads, self.pending_stores = [], []
-        wait = False
-        if loads:
-            recent = self.pool.recently_freed or set()
-            wait = any(b in self._freed_last_step or b in recent for _, b in loads)
-        return loads, stores, wait
+        assert self.offload is not None
+        return self.offload.take()
 
     def stores_done(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """The runner finished these (block, host slot) stores: their slots are loadable, their blocks free."""
-        assert self.cpu is not None
-        blocks = [b for b, _ in pairs]
-        self.store_holds.subtract(blocks)
-        self.store_holds += Counter()  # drop the zeros
-        self.pool.free(blocks)
-        self.cpu.stored([s for _, s in pairs])
+        assert self.offload is not None
+        self.offload.stores_done(pairs)
 
     def reset_prefix_cache(self) -> None:
         """Forget the cached content of every free GPU block and of the whole CPU tier."""

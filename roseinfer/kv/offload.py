@@ -13,6 +13,9 @@ load planned from the old content reads it first.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
+
+from roseinfer.kv.block_pool import BlockPool
 
 
 class CpuTier:
@@ -84,3 +87,55 @@ class CpuTier:
                 raise AssertionError(f"CPU tier: slot {slot} is indexed for content it does not hold")
         if len(self.slot_of) != len(self.lru):
             raise AssertionError("CPU tier: a used slot holds no indexed content")
+
+
+class OffloadPlan:
+    """The CPU tier and the copies planned for the next launch, beside the GPU block pool it reads and fills.
+
+    A planned store holds its GPU block (a reference, like a block table's) until the runner reports it done:
+    the store reads the block after the step that fills it, and nobody may reuse the block before. A planned
+    load must wait for the step in flight where its target block was freed since that step was scheduled
+    (that step may still write the block); `begin_step` rolls that window."""
+
+    def __init__(self, pool: BlockPool, num_slots: int) -> None:
+        self.pool = pool
+        self.tier = CpuTier(num_slots)
+        self.loads: list[tuple[int, int]] = []  # (host slot, GPU block)
+        self.stores: list[tuple[int, int]] = []  # (GPU block, host slot)
+        self.holds: Counter[int] = Counter()  # GPU blocks held by stores not yet reported done
+        self.num_loaded_blocks = 0
+        self._freed_last_step: set[int] = set()
+        pool.recently_freed = set()
+
+    def load(self, slots: Sequence[int], blocks: Sequence[int]) -> None:
+        for slot in slots:
+            self.tier.touch(slot)
+        self.loads.extend(zip(slots, blocks))
+        self.tier.num_loads += len(blocks)
+        self.num_loaded_blocks += len(blocks)
+
+    def store(self, block: int, h: bytes) -> None:
+        slot = self.tier.reserve(h)
+        if slot is not None:
+            self.pool.incref([block])
+            self.holds[block] += 1
+            self.stores.append((block, slot))
+
+    def begin_step(self) -> None:
+        self._freed_last_step, self.pool.recently_freed = self.pool.recently_freed or set(), set()
+
+    def take(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bool]:
+        """(loads, stores, whether the loads must wait for the step in flight), planned since the last call."""
+        loads, stores = self.loads, self.stores
+        self.loads, self.stores = [], []
+        recent = self.pool.recently_freed or set()
+        wait = any(b in self._freed_last_step or b in recent for _, b in loads)
+        return loads, stores, wait
+
+    def stores_done(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """The runner finished these (block, host slot) stores: their slots are loadable, their blocks free."""
+        blocks = [b for b, _ in pairs]
+        self.holds.subtract(blocks)
+        self.holds += Counter()  # drop the zeros
+        self.pool.free(blocks)
+        self.tier.stored([s for _, s in pairs])

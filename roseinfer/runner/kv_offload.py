@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from roseinfer.config import CacheConfig
+
 GIB = 2**30
 STAGING_BYTES = 64 * 2**20  # per direction
 
@@ -42,8 +44,11 @@ def last_per_target(pairs: Sequence[tuple[int, int]], slot_at: int) -> list[tupl
     return sorted(last.values(), key=lambda p: p[slot_at])
 
 
-def cpu_tier_num_blocks(size_gib: float, block_bytes: int) -> int:
-    return int(size_gib * GIB) // block_bytes
+def cpu_tier_num_blocks(cache: CacheConfig, block_bytes: int) -> int:
+    """The CPU tier's slots: `num_cpu_blocks`, else as many blocks as `kv_offloading_size` GiB holds."""
+    if cache.num_cpu_blocks is not None:
+        return cache.num_cpu_blocks
+    return int(cache.kv_offloading_size * GIB) // block_bytes
 
 
 class KVOffloader:

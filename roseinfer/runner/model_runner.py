@@ -21,7 +21,7 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
-from roseinfer.runner.kv_offload import KVOffloader, cpu_tier_num_blocks
+from roseinfer.runner.kv_offload import KVOffloader
 from roseinfer.runner.kv_sizing import GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
@@ -181,12 +181,6 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_cache = self._new_kv_cache(num_blocks)
-
-    def determine_num_cpu_blocks(self) -> int:
-        cache = self.config.cache
-        if cache.num_cpu_blocks is not None:
-            return cache.num_cpu_blocks
-        return cpu_tier_num_blocks(cache.kv_offloading_size, self.block_bytes())
 
     def allocate_cpu_tier(self, num_slots: int) -> None:
         assert self.kv_cache is not None, "allocate_kv_cache() first"

@@ -103,14 +103,14 @@ def test_loads_wait_for_the_step_in_flight_only_into_blocks_freed_since_it_was_s
     kv.begin_step()  # the step now in flight is scheduled, reading and writing them
     kv.pool.free(old)  # the request finished in the update; the step in flight may still write them
     kv.begin_step()  # the next step is being scheduled
-    kv.pending_loads = [(0, b) for b in kv.pool.allocate(1)]  # block 2: free since before the step in flight
-    assert kv.pending_loads == [(0, 2)] and kv.take_offload()[2] is False
-    kv.pending_loads = [(1, b) for b in kv.pool.allocate(2)]  # blocks 3 and 0
+    kv.offload.loads = [(0, b) for b in kv.pool.allocate(1)]  # block 2: free since before the step in flight
+    assert kv.offload.loads == [(0, 2)] and kv.take_offload()[2] is False
+    kv.offload.loads = [(1, b) for b in kv.pool.allocate(2)]  # blocks 3 and 0
     assert kv.take_offload()[2] is True
     kv.pool.free([0, 2, 3])
     kv.begin_step()
     kv.begin_step()  # two schedules later, the step that could write them is done
-    kv.pending_loads = [(0, b) for b in kv.pool.allocate(3)]
+    kv.offload.loads = [(0, b) for b in kv.pool.allocate(3)]
     assert kv.take_offload()[2] is False
 
 
@@ -150,7 +150,8 @@ def test_offloader_round_trip_on_cpu(dtype: torch.dtype, staging_blocks: int) ->
 
 
 def test_sizes_and_config_errors() -> None:
-    assert cpu_tier_num_blocks(1.0, 2**20) == 1024
+    assert cpu_tier_num_blocks(CacheConfig(kv_offloading_size=1.0), 2**20) == 1024
+    assert cpu_tier_num_blocks(CacheConfig(kv_offloading_size=1.0, num_cpu_blocks=7), 2**20) == 7
     assert CacheConfig(kv_offloading_size=0.5).offloads and not CacheConfig().offloads
     assert not CacheConfig(kv_offloading_size=1.0, num_cpu_blocks=0).offloads
     with pytest.raises(ValueError, match="prefix caching"):
