@@ -8,6 +8,7 @@ import json
 import pytest
 
 from roseinfer.bench import offload
+from roseinfer.bench.plots import plot_report, pyplot
 from roseinfer.entrypoints.cli import build_parser
 
 
@@ -50,8 +51,11 @@ def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["results"]["W6"]["cpu"][1]["loaded_tokens"] == 128
     assert saved["info"]["cpu_blocks"]["none"] == 0 and saved["info"]["cpu_blocks"]["cpu"] > 0
-    if report["plots"]:  # matplotlib installed
+    if pyplot() is not None:
         assert set(report["plots"]) == {"W6", "W7"}
+        again = plot_report(saved, str(tmp_path / "again"))  # `bench plot` redraws the saved report
+        assert again == {w: str(tmp_path / f"again.{w}.png") for w in ("W6", "W7")}
+        assert all((tmp_path / f"again.{w}.png").stat().st_size > 0 for w in ("W6", "W7"))
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,35 +31,47 @@ def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_w6(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
+def _table(
+    res: dict[str, list[dict[str, Any]]],
+    info: dict[str, Any],
+    head: tuple[str, str],
+    key: Callable[[dict[str, Any]], str],
+    cell: Callable[[dict[str, Any], str], str],
+    width: int,
+) -> list[str]:
+    """A title, a header row of configurations, then a row per point: `key` of the point, each configuration's
+    `cell` (given the run and its load floor)."""
     configs = list(res)
-    lines = [
-        "== W6 hit-rate sweep: req/s per h (hit tokens / loaded tokens; load floor s) ==",
-        "h     " + "".join(f"{c:>34}" for c in configs),
-    ]
+    lines = [head[0], head[1] + "".join(f"{c:>{width}}" for c in configs)]
     for i, row in enumerate(next(iter(res.values()))):
-        cells = []
-        for c in configs:
-            r = res[c][i]
-            floor = _cell(load_floor(r, info), ".3f")
-            cells.append(f"{r['req_per_s']:>9.2f} ({r['hit_tokens']:>8}/{r['loaded_tokens']:>8}; {floor:>5})")
-        lines.append(f"{row['h']:<6.2f}" + "".join(f"{c:>34}" for c in cells))
+        cells = [cell(res[c][i], _cell(load_floor(res[c][i], info), ".3f")) for c in configs]
+        lines.append(key(row) + "".join(f"{c:>{width}}" for c in cells))
+    return lines
+
+
+def format_w6(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
+    title = "== W6 hit-rate sweep: req/s per h (hit tokens / loaded tokens; load floor s) =="
+    lines = _table(
+        res,
+        info,
+        (title, "h     "),
+        lambda row: f"{row['h']:<6.2f}",
+        lambda r, floor: f"{r['req_per_s']:>9.2f} ({r['hit_tokens']:>8}/{r['loaded_tokens']:>8}; {floor:>5})",
+        34,
+    )
     return "\n".join(lines + [_compiles(res)])
 
 
 def format_w7(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str:
-    configs = list(res)
-    lines = [
-        "== W7 long-prompt rounds: req/s per output length N and round (loaded tokens; load floor s) ==",
-        "N     round" + "".join(f"{c:>30}" for c in configs),
-    ]
-    for i, row in enumerate(next(iter(res.values()))):
-        cells = []
-        for c in configs:
-            r = res[c][i]
-            floor = _cell(load_floor(r, info), ".3f")
-            cells.append(f"{r['req_per_s']:>9.2f} ({r['loaded_tokens']:>8}; {floor:>5})")
-        lines.append(f"{row['N']:<6}{row['round']:<5}" + "".join(f"{c:>30}" for c in cells))
+    title = "== W7 long-prompt rounds: req/s per output length N and round (loaded tokens; load floor s) =="
+    lines = _table(
+        res,
+        info,
+        (title, "N     round"),
+        lambda row: f"{row['N']:<6}{row['round']:<5}",
+        lambda r, floor: f"{r['req_per_s']:>9.2f} ({r['loaded_tokens']:>8}; {floor:>5})",
+        30,
+    )
     bw = info.get("h2d_bytes_per_s")
     if bw:
         lines.append(

@@ -213,16 +213,22 @@ def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
         return {"decode": plot_decode(report, report_plot_path(base, "decode"))}
     if "W3" in report.get("results", {}):
         return {"W3": plot_w3(report["results"]["W3"], report_plot_path(base, "W3"))}
+    if {"W6", "W7"} & set(report.get("results", {})):
+        from roseinfer.bench.offload_report import plot_offload
+
+        made = plot_offload(report, base)
+        return {w: made.get(w) for w in ("W6", "W7") if w in report["results"]}
     raise ValueError(
         f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline`, `bench serve`,"
-        " `bench decode` and `bench prefix` reports with W3"
+        " `bench decode`, `bench offload` and `bench prefix` reports with W3"
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "report",
-        help="a report that `bench roofline`, `bench serve`, `bench decode` or `bench prefix` wrote with --json",
+        help="a report that `bench roofline`, `bench serve`, `bench decode`, `bench offload` or `bench prefix` wrote "
+        "with --json",
     )
     parser.add_argument(
         "--out",
