@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from roseinfer.engine.llm_engine import LLMEngine
+    from roseinfer.kv.manager import KVCacheManager
 
 FINISH_REASONS = ("stop", "length", "abort")  # RequestStatus values of the finished states
 
@@ -52,4 +53,19 @@ def engine_metrics(engine: LLMEngine) -> list[Metric]:
             Counter("roseinfer:request_success", {"finished_reason": reason}, finished[reason])
             for reason in FINISH_REASONS
         ),
+        *cpu_tier_metrics(kv),
+    ]
+
+
+def cpu_tier_metrics(kv: KVCacheManager) -> list[Metric]:
+    """The CPU tier's, where there is one: its slots in use, prompt tokens loaded from it (a part of
+    prefix_cache_hits, re-admissions after preemption aside), blocks stored into it and evicted from it."""
+    tier = kv.cpu
+    if tier is None:
+        return []
+    return [
+        Gauge("roseinfer:cpu_cache_usage_perc", value=tier.num_used / tier.num_slots),
+        Counter("roseinfer:cpu_prefix_cache_loaded_tokens", value=kv.num_loaded_tokens),
+        Counter("roseinfer:cpu_cache_stored_blocks", value=tier.num_stores),
+        Counter("roseinfer:cpu_cache_evictions", value=tier.num_evictions),
     ]

@@ -51,6 +51,11 @@ def cpu_tier_num_blocks(cache: CacheConfig, block_bytes: int) -> int:
     return int(cache.kv_offloading_size * GIB) // block_bytes
 
 
+def staging_blocks(num_slots: int, block_bytes: int, staging_bytes: int = STAGING_BYTES) -> int:
+    """Blocks a staging buffer holds: `staging_bytes` worth, at least one, at most the tier's slots."""
+    return max(1, min(num_slots, staging_bytes // block_bytes))
+
+
 class KVOffloader:
     def __init__(self, kv_cache: torch.Tensor, num_slots: int, staging_bytes: int = STAGING_BYTES) -> None:
         # Blocks as rows of bytes: every copy and index op here exists for uint8, whatever the cache's dtype.
@@ -58,7 +63,7 @@ class KVOffloader:
         self.cuda = kv_cache.device.type == "cuda"
         block_bytes = self.kv_cache.shape[1]
         self.host = torch.empty((num_slots, block_bytes), dtype=torch.uint8, pin_memory=self.cuda)
-        self.chunk = max(1, min(num_slots, staging_bytes // block_bytes))
+        self.chunk = staging_blocks(num_slots, block_bytes, staging_bytes)
         self.load_staging = torch.empty((self.chunk, block_bytes), dtype=torch.uint8, device=kv_cache.device)
         self.store_staging = torch.empty_like(self.load_staging)
         self.load_stream = torch.cuda.Stream(kv_cache.device) if self.cuda else None

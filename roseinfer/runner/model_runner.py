@@ -21,7 +21,7 @@ from roseinfer.request import Request
 from roseinfer.runner.cuda_graphs import DecodeGraphs, sample_rows
 from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.runner.inputs import Staging, build_host_step, one_prefill_step, upload_step
-from roseinfer.runner.kv_offload import KVOffloader
+from roseinfer.runner.kv_offload import KVOffloader, cpu_tier_num_blocks, staging_blocks
 from roseinfer.runner.kv_sizing import GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.logit_controls import StepControls
 from roseinfer.runner.mixed_graphs import MAX_CHUNKS, MixedGraphs, auto_mixed_graph_max_tokens
@@ -138,6 +138,9 @@ class ModelRunner:
         if self.device.type != "cuda":
             return max(1, cache.cpu_kv_tokens // self.block_size)
         peak = self.profile_peak_memory()
+        if cache.offloads:  # the CPU tier's two staging buffers, allocated after the KV cache
+            bb = self.block_bytes()
+            peak += 2 * staging_blocks(cpu_tier_num_blocks(cache, bb), bb) * bb
         free, total = torch.cuda.mem_get_info(self.device)
         mem = GpuMemory(total=total, free=free, reserved=torch.cuda.memory_reserved(self.device), peak=peak)
         return kv_cache_num_blocks(mem, cache.gpu_memory_utilization, self.block_bytes())

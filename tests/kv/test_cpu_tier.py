@@ -12,7 +12,13 @@ from roseinfer.config import CacheConfig
 from roseinfer.kv.manager import KVCacheManager
 from roseinfer.kv.offload import CpuTier
 from roseinfer.request import Request
-from roseinfer.runner.kv_offload import KVOffloader, cpu_tier_num_blocks, last_per_target, slot_runs
+from roseinfer.runner.kv_offload import (
+    KVOffloader,
+    cpu_tier_num_blocks,
+    last_per_target,
+    slot_runs,
+    staging_blocks,
+)
 from roseinfer.sampling_params import SamplingParams
 
 
@@ -150,6 +156,9 @@ def test_offloader_round_trip_on_cpu(dtype: torch.dtype, staging_blocks: int) ->
 
 
 def test_sizes_and_config_errors() -> None:
+    assert staging_blocks(10, 2**20) == 10  # no more than the tier's slots
+    assert staging_blocks(1000, 2**20) == 64  # 64 MB of 1 MB blocks
+    assert staging_blocks(1000, 2**27) == 1  # a block larger than the buffer: one at a time
     assert cpu_tier_num_blocks(CacheConfig(kv_offloading_size=1.0), 2**20) == 1024
     assert cpu_tier_num_blocks(CacheConfig(kv_offloading_size=1.0, num_cpu_blocks=7), 2**20) == 7
     assert CacheConfig(kv_offloading_size=0.5).offloads and not CacheConfig().offloads

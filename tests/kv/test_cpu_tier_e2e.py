@@ -81,3 +81,22 @@ def test_cli_takes_the_tier_size() -> None:
 def test_the_tier_needs_prefix_caching(llama_dir: str) -> None:
     with pytest.raises(ValueError, match="prefix caching"):
         LLM(llama_dir, device="cpu", enable_prefix_caching=False, kv_offloading_size=1.0)
+
+
+def test_metrics_report_the_tier(llama_dir: str) -> None:
+    tier = LLM(llama_dir, device="cpu", block_size=BS, num_kv_blocks=12, num_cpu_blocks=5, max_num_seqs=3)
+    batch = prompts(3)
+    for _ in range(2):
+        tier.generate(batch, greedy(), use_tqdm=False)
+    kv = tier.engine.core.kv
+    assert kv.cpu is not None
+    got = {m.name: m.value for m in tier.get_metrics() if m.name.startswith("roseinfer:cpu_")}
+    assert got == {
+        "roseinfer:cpu_cache_usage_perc": kv.cpu.num_used / 5,
+        "roseinfer:cpu_prefix_cache_loaded_tokens": kv.num_loaded_tokens,
+        "roseinfer:cpu_cache_stored_blocks": kv.cpu.num_stores,
+        "roseinfer:cpu_cache_evictions": kv.cpu.num_evictions,
+    }
+    assert got["roseinfer:cpu_cache_usage_perc"] == 1.0 and got["roseinfer:cpu_cache_evictions"] > 0
+    plain = LLM(llama_dir, device="cpu", block_size=BS)
+    assert not [m for m in plain.get_metrics() if m.name.startswith("roseinfer:cpu_")]
