@@ -293,7 +293,7 @@ class KVCacheManager:
         for i in range(req.num_registered_blocks, full):
             block = req.block_ids[i]
             self.pool.set_hash(block, hashes[i], self.block_size)
-            if self.pool.block_hash[block] == hashes[i]:  # else another block holds it, and stored it
+            if self.pool.block_hash[block] == hashes[i]:  # else another block holds it (and planned its store)
                 if fresh:
                     self.fresh.add(block)
                 if self.offload is not None:
