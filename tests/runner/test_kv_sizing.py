@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from roseinfer.config import CacheConfig
 from roseinfer.runner.kv_sizing import GIB, GpuMemory, kv_cache_num_blocks
 from roseinfer.runner.model_runner import ModelRunner
 
@@ -91,7 +92,7 @@ def test_start_up_sizing_reads_the_gpu_as_kv_sizing_expects(monkeypatch, seed):
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
-    cache = SimpleNamespace(num_blocks=None, cpu_kv_tokens=0, gpu_memory_utilization=util)
+    cache = SimpleNamespace(num_blocks=None, cpu_kv_tokens=0, gpu_memory_utilization=util, offloads=False)
     runner = SimpleNamespace(
         config=SimpleNamespace(cache=cache),
         device=torch.device("cuda", 0),
@@ -104,3 +105,23 @@ def test_start_up_sizing_reads_the_gpu_as_kv_sizing_expects(monkeypatch, seed):
     free = budget - reserved - 1  # one byte short of the share
     with pytest.raises(ValueError, match=rf"gpu_memory_utilization={util} asks for"):
         ModelRunner.determine_num_blocks(runner)
+
+
+@pytest.mark.parametrize(("tier_gib", "staged"), [(1.0, 32), (0.01, 5)])
+def test_start_up_sizing_leaves_room_for_the_cpu_tiers_staging(
+    monkeypatch, tier_gib: float, staged: int
+) -> None:
+    """With a CPU tier, its two staging buffers (64 MB of blocks each, no more than the tier's slots) come out of the
+    KV cache's share, as the profiled peak does."""
+    total, util, reserved, peak = 80 * GIB, 0.5, GIB, 3 * GIB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (total - reserved, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved)
+    runner = SimpleNamespace(
+        config=SimpleNamespace(cache=CacheConfig(gpu_memory_utilization=util, kv_offloading_size=tier_gib)),
+        device=torch.device("cuda", 0),
+        block_size=16,
+        profile_peak_memory=lambda: peak,
+        block_bytes=lambda: BLOCK,
+    )
+    want = (int(total * util) - peak - 2 * staged * BLOCK) // BLOCK
+    assert ModelRunner.determine_num_blocks(runner) == want
