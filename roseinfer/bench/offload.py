@@ -129,6 +129,11 @@ def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: i
     (bench_w6 if workload == "W6" else bench_w7)(engine, small, vocab, False)
 
 
+def stage(what: str, since: float) -> None:
+    """A line a stage, flushed, so that a log cut short by a time limit still says where the time went."""
+    print(f"# {what} in {time.perf_counter() - since:.1f} s", flush=True)
+
+
 def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     model, shape = chosen_model(args)
     workloads = ["W6", "W7"] if args.workload == "all" else [args.workload]
@@ -153,18 +158,24 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     shared = None
     info: dict[str, Any] = {"h2d_bytes_per_s": h2d}
     for name in args.configs:
+        t0 = time.perf_counter()
         kw = base | config_kwargs(name, args.kv_offloading_size)
         config, path = make_engine_config(model, **kw)
         engine = LLMEngine(config, path, shared)
+        stage(f"{name}: engine ready", t0)
         shared = engine.core.runner.model
         info["kv_bytes_per_token"] = engine.core.runner.block_bytes() // config.cache.block_size
         info.setdefault("gpu_blocks", {})[name] = engine.core.num_blocks
         cpu = engine.core.kv.cpu
         info.setdefault("cpu_blocks", {})[name] = cpu.num_slots if cpu is not None else 0
         for w in workloads:
+            t0 = time.perf_counter()
             warm_up(engine, w, args, vocab)
+            stage(f"{name}: {w} warm-up", t0)
+            t0 = time.perf_counter()
             bench = bench_w6 if w == "W6" else bench_w7
             results[w][name] = bench(engine, args, vocab, progress)
+            stage(f"{name}: {w} timed runs", t0)
         del engine
         free_memory(probe.device)
     texts = []
