@@ -51,6 +51,11 @@ def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["results"]["W6"]["cpu"][1]["loaded_tokens"] == 128
     assert saved["info"]["cpu_blocks"]["none"] == 0 and saved["info"]["cpu_blocks"]["cpu"] > 0
+    for w in ("W6", "W7"):  # every configuration's warm-up, timed, with its compiles (none on the CPU)
+        warm = saved["info"]["warm_up"][w]
+        assert list(warm) == list(offload.CONFIGS)
+        assert all(v["seconds"] > 0 and v["triton_compiles"] == {} and v["variants"] == [] for v in warm.values())
+    assert text.count("W7 warm-up in") == text.count("W7 timed runs in") == len(offload.CONFIGS)
     if pyplot() is not None:
         assert set(report["plots"]) == {"W6", "W7"}
         again = plot_report(saved, str(tmp_path / "again"))  # `bench plot` redraws the saved report

@@ -7,34 +7,65 @@ leaves its compile, tens to hundreds of milliseconds, in the timed run.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 
+class Compiles(Counter[str]):
+    """Per kernel name, the variants compiled (or loaded from Triton's disk cache) in the block; `seconds`
+    per kernel name, from Triton's pre-compile hook to its post-compile hook; `variants`, Triton's own
+    description of each (its launch options and argument specialisations), in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[str, float] = {}
+        self.variants: list[str] = []
+
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+
 @contextmanager
-def watch_triton_compiles() -> Iterator[Counter[str]]:
-    """Counts, per kernel name, the variants Triton compiles (or loads from its disk cache) in the block."""
-    compiled: Counter[str] = Counter()
+def watch_triton_compiles() -> Iterator[Compiles]:
+    """Counts and times, per kernel name, the variants Triton compiles (or loads from its disk cache) in the
+    block. Hooks set before it still run; both are given back after."""
+    compiled = Compiles()
     try:
         from triton import knobs
     except ImportError:  # no Triton: nothing can compile
         yield compiled
         return
-    previous = knobs.runtime.jit_post_compile_hook
+    runtime = knobs.runtime
+    previous_pre, previous_post = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    started: dict[str, float] = {}
 
-    def hook(**kwargs: Any) -> Any:
-        compiled[kwargs["fn"].name] += 1
-        return previous(**kwargs) if previous is not None else None
+    def pre(**kwargs: Any) -> Any:
+        started[kwargs["fn"].name] = time.perf_counter()
+        return (
+            previous_pre(**kwargs) if previous_pre is not None else None
+        )  # truthy: Triton skips the compile
 
-    knobs.runtime.jit_post_compile_hook = hook
+    def post(**kwargs: Any) -> Any:
+        name = kwargs["fn"].name
+        now = time.perf_counter()
+        compiled[name] += 1
+        compiled.seconds[name] = compiled.seconds.get(name, 0.0) + now - started.pop(name, now)
+        compiled.variants.append(str(kwargs.get("repr", name)))
+        return previous_post(**kwargs) if previous_post is not None else None
+
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = pre, post
     try:
         yield compiled
     finally:
-        knobs.runtime.jit_post_compile_hook = previous
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = previous_pre, previous_post
 
 
-def format_compiles(compiled: dict[str, int]) -> str:
+def format_compiles(
+    compiled: dict[str, int], seconds: float | None = None, where: str = "in the timed run"
+) -> str:
     names = ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items()))
-    return f"Triton compiles in the timed run: {sum(compiled.values())}" + (f" ({names})" if names else "")
+    took = f" in {seconds:.1f} s" if seconds is not None and compiled else ""
+    return f"Triton compiles {where}: {sum(compiled.values())}{took}" + (f" ({names})" if names else "")

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from roseinfer.bench.device import free_memory, sync
 from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_options
 from roseinfer.bench.env import bench_header, format_header, write_json_report
-from roseinfer.bench.jit_watch import watch_triton_compiles
+from roseinfer.bench.jit_watch import format_compiles, watch_triton_compiles
 from roseinfer.bench.offload_report import format_w6, format_w7, measure_h2d_bandwidth, plot_offload
 from roseinfer.bench.workloads import token_id_range
 from roseinfer.engine.llm_engine import LLMEngine
@@ -129,9 +129,9 @@ def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: i
     (bench_w6 if workload == "W6" else bench_w7)(engine, small, vocab, False)
 
 
-def stage(what: str, since: float) -> None:
+def stage(what: str, since: float, detail: str = "") -> None:
     """A line a stage, flushed, so that a log cut short by a time limit still says where the time went."""
-    print(f"# {what} in {time.perf_counter() - since:.1f} s", flush=True)
+    print(f"# {what} in {time.perf_counter() - since:.1f} s" + (f"; {detail}" if detail else ""), flush=True)
 
 
 def run_offload(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,8 +170,15 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         info.setdefault("cpu_blocks", {})[name] = cpu.num_slots if cpu is not None else 0
         for w in workloads:
             t0 = time.perf_counter()
-            warm_up(engine, w, args, vocab)
-            stage(f"{name}: {w} warm-up", t0)
+            with watch_triton_compiles() as compiled:
+                warm_up(engine, w, args, vocab)
+            stage(f"{name}: {w} warm-up", t0, format_compiles(compiled, compiled.total_seconds(), "in it"))
+            info.setdefault("warm_up", {}).setdefault(w, {})[name] = {
+                "seconds": time.perf_counter() - t0,
+                "triton_compiles": dict(compiled),
+                "triton_compile_seconds": compiled.total_seconds(),
+                "variants": compiled.variants,
+            }
             t0 = time.perf_counter()
             bench = bench_w6 if w == "W6" else bench_w7
             results[w][name] = bench(engine, args, vocab, progress)

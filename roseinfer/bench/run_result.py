@@ -71,7 +71,9 @@ class RunResult:
 
     def _compile_line(self) -> list[str]:
         compiled = self.extra.get("triton_compiles")
-        return [] if compiled is None else [format_compiles(compiled)]
+        return (
+            [] if compiled is None else [format_compiles(compiled, self.extra.get("triton_compile_seconds"))]
+        )
 
     def _wait_line(self) -> list[str]:
         wait = self.extra.get("device_wait_time")
