@@ -54,7 +54,9 @@ def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
     for w in ("W6", "W7"):  # every configuration's warm-up, timed, with its compiles (none on the CPU)
         warm = saved["info"]["warm_up"][w]
         assert list(warm) == list(offload.CONFIGS)
-        assert all(v["seconds"] > 0 and v["triton_compiles"] == {} and v["variants"] == [] for v in warm.values())
+        assert all(
+            v["seconds"] > 0 and v["triton_compiles"] == {} and v["variants"] == [] for v in warm.values()
+        )
     assert text.count("W7 warm-up in") == text.count("W7 timed runs in") == len(offload.CONFIGS)
     if pyplot() is not None:
         assert set(report["plots"]) == {"W6", "W7"}
@@ -75,3 +77,28 @@ def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
 def test_bad_options(tmp_path, extra: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         offload.check_arguments(args(tmp_path, *extra))
+
+
+@pytest.mark.parametrize(
+    ("workload", "num_requests", "expected"),
+    [("W7", None, 10), ("W6", None, 256), ("W7", 3, 3), ("W6", 300, 256)],
+)
+def test_the_warm_up_runs_the_workloads_own_request_count_up_to_256(
+    monkeypatch, workload: str, num_requests: int | None, expected: int
+) -> None:
+    """W7's warm-up runs its 10 prompts: with W6's default count it ran 256 of 10240 tokens, more than the GPU
+    cache holds for llama-3.1-8b, for a hundred times the timed rounds' time."""
+    seen = []
+
+    def record(engine, a, vocab, progress):
+        seen.append((a.num_requests, a.seed, a.outputs, a.hit_rates))
+        return []
+
+    monkeypatch.setattr(offload, "bench_w6" if workload == "W6" else "bench_w7", record)
+    a = build_parser().parse_args(["bench", "offload", "--workload", workload, "--seed", "5"])
+    a.num_requests = num_requests
+    offload.warm_up(None, workload, a, 1000)
+    assert seen == [
+        (expected, 1005, [2], [0.5, 1.0])
+    ]  # other tokens than the timed runs', the shapes they meet
+    assert a.num_requests == num_requests  # the caller's options untouched

@@ -27,6 +27,9 @@ from roseinfer.sampling_params import SamplingParams
 CONFIGS = ("none", "gpu", "gpu+cpu", "cpu")
 STEP_BUDGET = 1024  # both workloads' step token budget
 W7_OUTPUTS = (2, 4, 8, 16, 32, 64, 128)
+NUM_REQUESTS = {"W6": 1000, "W7": 10}  # WORKLOADS.md's, unless --num-requests shrinks them
+PROMPT_LEN = {"W6": 1000, "W7": 10240}
+WARM_UP_MAX_REQUESTS = 256
 
 
 def config_kwargs(name: str, offload_gib: float) -> dict[str, Any]:
@@ -81,7 +84,11 @@ class Counters:
 
 
 def bench_w6(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
-    n, length, out = args.num_requests or 1000, args.prompt_len or 1000, args.output_len or 24
+    n, length, out = (
+        args.num_requests or NUM_REQUESTS["W6"],
+        args.prompt_len or PROMPT_LEN["W6"],
+        args.output_len or 24,
+    )
     prompts = random_prompts(n, length, vocab, args.seed)
     params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
     seen = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -100,7 +107,7 @@ def bench_w6(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: 
 
 
 def bench_w7(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
-    n, length = args.num_requests or 10, args.prompt_len or 10240
+    n, length = args.num_requests or NUM_REQUESTS["W7"], args.prompt_len or PROMPT_LEN["W7"]
     prompts = random_prompts(n, length, vocab, args.seed + 7)
     rows = []
     points = [(o, r) for o in args.outputs for r in range(1, 4)]
@@ -123,7 +130,9 @@ def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: i
     split their keys by how many there are in a step; W7: the three rounds), with as many requests as run at
     once (a W6 warm-up of 16 requests left a 0.6 s compile in a timed whole-hit run of 100)."""
     small = argparse.Namespace(**vars(args))
-    small.num_requests = min(args.num_requests or 1000, 256)
+    # The workload's own count: W7's 10 prompts, not W6's 1000 (256 prompts of 10240 tokens overflowed an H200's
+    # cache of llama-3.1-8b and took 262 s, a hundred times its timed rounds).
+    small.num_requests = min(args.num_requests or NUM_REQUESTS[workload], WARM_UP_MAX_REQUESTS)
     small.seed = args.seed + 1000
     small.hit_rates, small.outputs = [0.5, 1.0], [2]
     (bench_w6 if workload == "W6" else bench_w7)(engine, small, vocab, False)
@@ -227,8 +236,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hit-rates", type=parse_list(float), default=DEFAULT_HIT_RATES, help="W6 h values")
     parser.add_argument("--outputs", type=parse_list(int), default=list(W7_OUTPUTS), help="W7 output lengths")
-    parser.add_argument("--num-requests", type=positive_int, default=None, help="shrink: W6 1000, W7 10")
-    parser.add_argument("--prompt-len", type=positive_int, default=None, help="shrink: W6 1000, W7 10240")
+    parser.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=None,
+        help=f"shrink: W6 {NUM_REQUESTS['W6']}, W7 {NUM_REQUESTS['W7']}",
+    )
+    parser.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        default=None,
+        help=f"shrink: W6 {PROMPT_LEN['W6']}, W7 {PROMPT_LEN['W7']}",
+    )
     parser.add_argument("--output-len", type=positive_int, default=None, help="shrink W6's 24 output tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
