@@ -7,7 +7,8 @@
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
-# archive, $OUT/gpu_check_logs.tgz.
+# archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
+# call's limit, and a call cut short still brings back every log so far.
 # The device copy of the tree has no .git: pass the commit for the report headers, e.g.
 #   ROSEINFER_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_check.sh   (run from here, in the command)
 set -uo pipefail
@@ -19,12 +20,21 @@ RI=${RI:-python3 -m roseinfer.entrypoints.cli}
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(tests kernels roofline roofline-llama throughput throughput-llama prefix)
 summary=()
+archive() {  # the logs so far as $OUT's one archive (where $OUT is set): after each step, so a call cut short keeps them
+    if [ -n "${OUT:-}" ] && [ "$OUT" != "$LOGS" ]; then
+        mkdir -p "$OUT" && tar -czf "$OUT/.gpu_check_logs.tgz" --exclude='*.ncu-rep' -C "$LOGS" . \
+            && mv "$OUT/.gpu_check_logs.tgz" "$OUT/gpu_check_logs.tgz"
+    fi
+}
+# A time limit's SIGTERM (timeout(1) signals the whole group): archive the step cut short with the rest.
+trap 'archive; echo "=== stopped by a signal: logs so far in ${OUT:-$LOGS}"; exit 143' TERM INT
 run() {  # run NAME FILTER COMMAND...: log everything, print the lines FILTER matches
     local name=$1 filter=$2; shift 2
     local t0=$SECONDS
     echo "=== $name"
     if "$@" > "$LOGS/$name.log" 2>&1; then summary+=("$name ok $((SECONDS - t0))s"); else summary+=("$name FAILED $((SECONDS - t0))s"); tail -n 30 "$LOGS/$name.log"; fi
     grep -E "$filter" "$LOGS/$name.log" | cut -c1-160 | tail -n 40
+    archive
 }
 # sharded_pytest TAG K ARGS...: the tests ARGS select, dealt round-robin over K pytest processes a GPU on each of
 # this machine's GPUs (CUDA_VISIBLE_DEVICES), so that Triton's compiles (CPU-bound) run side by side; one GPU, K=1: one
@@ -307,9 +317,7 @@ PY
     *) echo "unknown section $s"; exit 2 ;;
   esac
 done
-if [ -n "${OUT:-}" ] && [ "$OUT" != "$LOGS" ]; then
-  mkdir -p "$OUT" && tar -czf "$OUT/gpu_check_logs.tgz" --exclude='*.ncu-rep' -C "$LOGS" .
-fi
+archive
 echo
 echo "=== summary"
 for s in "${summary[@]}"; do echo "  $s"; done
