@@ -58,6 +58,8 @@ def test_both_workloads_every_configuration(tmp_path, capsys) -> None:
             v["seconds"] > 0 and v["triton_compiles"] == {} and v["variants"] == [] for v in warm.values()
         )
     assert text.count("W7 warm-up in") == text.count("W7 timed runs in") == len(offload.CONFIGS)
+    first = [r["req_per_s"] for r in w7["none"]]  # each configuration's rates as soon as it is done
+    assert "# none: W7 timed runs in " in text and ("; req/s " + ", ".join(f"{x:.2f}" for x in first)) in text
     if pyplot() is not None:
         assert set(report["plots"]) == {"W6", "W7"}
         again = plot_report(saved, str(tmp_path / "again"))  # `bench plot` redraws the saved report
@@ -102,3 +104,22 @@ def test_the_warm_up_runs_the_workloads_own_request_count_up_to_256(
         (expected, 1005, [2], [0.5, 1.0])
     ]  # other tokens than the timed runs', the shapes they meet
     assert a.num_requests == num_requests  # the caller's options untouched
+
+
+def test_a_run_cut_short_leaves_the_finished_configurations_in_the_json(tmp_path, monkeypatch) -> None:
+    real, calls = offload.bench_w7, []
+
+    def fails_on_the_second_timed_run(engine, a, vocab, progress):
+        if a.seed == 0:  # the timed runs' seed (the warm-up's is offset)
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # what a time limit does to a run in the middle
+        return real(engine, a, vocab, progress)
+
+    monkeypatch.setattr(offload, "bench_w7", fails_on_the_second_timed_run)
+    a = args(tmp_path, "--workload", "W7", "--outputs", "2", "--configs", "gpu,cpu", "--seed", "0")
+    with pytest.raises(KeyboardInterrupt):
+        offload.run_offload(a)
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert list(saved["results"]["W7"]) == ["gpu"] and len(saved["results"]["W7"]["gpu"]) == 3
+    assert saved["info"]["warm_up"]["W7"]["cpu"]["seconds"] > 0  # its warm-up finished before the cut

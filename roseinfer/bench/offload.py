@@ -166,6 +166,11 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {w: {} for w in workloads}
     shared = None
     info: dict[str, Any] = {"h2d_bytes_per_s": h2d}
+
+    def save_so_far() -> None:  # in case a time limit cuts the rest
+        if args.json:
+            write_json_report(args.json, {"header": header, "info": info, "results": results, "plots": {}})
+
     for name in args.configs:
         t0 = time.perf_counter()
         kw = base | config_kwargs(name, args.kv_offloading_size)
@@ -188,10 +193,12 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
                 "triton_compile_seconds": compiled.total_seconds(),
                 "variants": compiled.variants,
             }
+            save_so_far()
             t0 = time.perf_counter()
             bench = bench_w6 if w == "W6" else bench_w7
-            results[w][name] = bench(engine, args, vocab, progress)
-            stage(f"{name}: {w} timed runs", t0)
+            results[w][name] = rows = bench(engine, args, vocab, progress)
+            stage(f"{name}: {w} timed runs", t0, "req/s " + ", ".join(f"{r['req_per_s']:.2f}" for r in rows))
+            save_so_far()
         del engine
         free_memory(probe.device)
     texts = []
