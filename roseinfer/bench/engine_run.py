@@ -87,8 +87,7 @@ def run_engine(engine: LLMEngine, workload: Workload, name: str) -> RunResult:
             "num_kv_blocks": core.num_blocks,
             "num_decode_steps": len(decode_calls),
             "decode_step_median_s": statistics.median(decode_calls) if decode_calls else None,
-            "triton_compiles": dict(compiled),
-            "triton_compile_seconds": compiled.total_seconds(),
+            **compiled.report(),
             "scheduler": {
                 "policy": sched.policy,
                 "max_num_batched_tokens": sched.max_num_batched_tokens,

@@ -27,6 +27,10 @@ class Compiles(Counter[str]):
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
 
+    def report(self) -> dict[str, object]:
+        """The JSON reports' keys: compiles per kernel name and their seconds in all."""
+        return {"triton_compiles": dict(self), "triton_compile_seconds": self.total_seconds()}
+
 
 @contextmanager
 def watch_triton_compiles() -> Iterator[Compiles]:
@@ -44,9 +48,8 @@ def watch_triton_compiles() -> Iterator[Compiles]:
 
     def pre(**kwargs: Any) -> Any:
         started[kwargs["fn"].name] = time.perf_counter()
-        return (
-            previous_pre(**kwargs) if previous_pre is not None else None
-        )  # truthy: Triton skips the compile
+        # An earlier hook's truthy answer makes Triton skip the compile: pass it on.
+        return previous_pre(**kwargs) if previous_pre is not None else None
 
     def post(**kwargs: Any) -> Any:
         name = kwargs["fn"].name

@@ -189,8 +189,7 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
             stage(f"{name}: {w} warm-up", t0, format_compiles(compiled, compiled.total_seconds(), "in it"))
             info.setdefault("warm_up", {}).setdefault(w, {})[name] = {
                 "seconds": time.perf_counter() - t0,
-                "triton_compiles": dict(compiled),
-                "triton_compile_seconds": compiled.total_seconds(),
+                **compiled.report(),
                 "variants": compiled.variants,
             }
             save_so_far()
