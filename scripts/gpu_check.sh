@@ -4,7 +4,8 @@
 #   sections: tests (gpu-marked, dealt over the GPUs; tests-kernels and tests-e2e are its halves), kernels roofline
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
-#             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, ncu (on request)
+#             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
+#             ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -169,6 +170,20 @@ for s in "${sections[@]}"; do
         run offload-W7-$shape '^(==|N |[0-9]|pinned)' $RI bench offload --model-shape $shape --workload W7 --no-progress --json "$LOGS/offload_W7_$shape.json" ${OFFLOAD_ARGS:-}
         # shellcheck disable=SC2086
         run offload-W6-$shape '^(==|h |[0-9])' $RI bench offload --model-shape $shape --workload W6 --num-requests ${OFFLOAD_W6_REQUESTS:-200} --no-progress --json "$LOGS/offload_W6_$shape.json" ${OFFLOAD_ARGS:-}
+      done ;;
+    offload-peers)  # `bench offload --peer vllm`: each configuration through roseinfer, then through vLLM 0.24's native CPU
+                    # offloading (a process a configuration), for OFFLOAD_SHAPES (default qwen2.5-0.5b) and
+                    # OFFLOAD_PEER_WORKLOADS (default W7; W6 runs OFFLOAD_W6_REQUESTS, default 200), after the bundle's
+                    # six chunks as for peers (installed here unless /tmp/vsite has it); OFFLOAD_ARGS go to each
+      P=${PEERS_DIR:-.vb5}
+      if [ ! -d /tmp/vsite/vllm ]; then run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"; fi
+      for shape in ${OFFLOAD_SHAPES:-qwen2.5-0.5b}; do
+        for w in ${OFFLOAD_PEER_WORKLOADS:-W7}; do
+          n=(); [ "$w" = W6 ] && n=(--num-requests "${OFFLOAD_W6_REQUESTS:-200}")
+          # shellcheck disable=SC2086  # OFFLOAD_ARGS is a list of options
+          run offload-vllm-$w-$shape '^(==|N |h |[0-9]|pinned|# vLLM|vLLM|the vLLM)' env PYTHONPATH="/tmp/vsite:$PYTHONPATH" \
+            $RI bench offload --model-shape $shape --workload $w "${n[@]}" --peer vllm --no-progress --json "$LOGS/offload_vllm_${w}_$shape.json" ${OFFLOAD_ARGS:-}
+        done
       done ;;
     peers)  # vLLM 0.24 beside roseinfer on W1 and W2 (PEERS_SHAPES), in one call (~8 min for both shapes). First
             # assemble /tmp/vbundle.tar from the bundle's six chunks, one device call each, right after one another

@@ -7,8 +7,9 @@ the pinned host-to-device bandwidth measured in the same process."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -17,11 +18,20 @@ from roseinfer.bench.device import free_memory, sync
 from roseinfer.bench.engine_run import add_engine_arguments, add_model_arguments, chosen_model, engine_options
 from roseinfer.bench.env import bench_header, format_header, write_json_report
 from roseinfer.bench.jit_watch import format_compiles, watch_triton_compiles
-from roseinfer.bench.offload_report import format_w6, format_w7, measure_h2d_bandwidth, plot_offload
+from roseinfer.bench.offload_report import (
+    format_beside_peer,
+    format_w6,
+    format_w7,
+    measure_h2d_bandwidth,
+    plot_offload,
+)
+from roseinfer.bench.vllm_peer import add_peer_option, limit_flags, peer_failed, run_peer
 from roseinfer.bench.workloads import token_id_range
+from roseinfer.config import EngineConfig
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.sampling_params import SamplingParams
 
 CONFIGS = ("none", "gpu", "gpu+cpu", "cpu")
@@ -61,6 +71,33 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
     return seconds, sum(compiled.values())
 
 
+class Target(Protocol):
+    """What the workloads drive: roseinfer's engine here, vLLM's in `offload_vllm`."""
+
+    def clear(self) -> None:
+        """Cold caches, GPU and CPU."""
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+        """Runs `prompts` to completion together, greedy, `max_tokens` each: "seconds" and counters."""
+        ...
+
+
+class EngineTarget:
+    """roseinfer's engine, with the prefix tokens served from its cache and loaded from its CPU tier in each run."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    def clear(self) -> None:
+        self.engine.core.kv.reset_prefix_cache()
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+        counters = Counters(self.engine)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        seconds, compiles = run_batch(self.engine, prompts, params)
+        return {"seconds": seconds, "compiles": compiles} | counters.read()
+
+
 class Counters:
     """Prefix tokens served from the cache and loaded from the CPU tier during one run."""
 
@@ -83,48 +120,38 @@ class Counters:
         }
 
 
-def bench_w6(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
+def bench_w6(target: Target, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
     n, length, out = (
         args.num_requests or NUM_REQUESTS["W6"],
         args.prompt_len or PROMPT_LEN["W6"],
         args.output_len or 24,
     )
     prompts = random_prompts(n, length, vocab, args.seed)
-    params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
-    seen = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     rows = []
     for h in tqdm(args.hit_rates, desc="W6 h", disable=not progress, leave=False):
-        engine.core.kv.reset_prefix_cache()
+        target.clear()
         k = int(round(h * length))
         if k:
-            run_batch(engine, [p[:k] for p in prompts], seen)  # the first h of each prompt, seen before
-        counters = Counters(engine)
-        seconds, compiles = run_batch(engine, prompts, params)
-        rows.append(
-            {"h": h, "seconds": seconds, "req_per_s": n / seconds, "compiles": compiles} | counters.read()
-        )
+            target.run([p[:k] for p in prompts], 1)  # the first h of each prompt, seen before
+        ran = target.run(prompts, out)
+        rows.append({"h": h, "req_per_s": n / ran["seconds"]} | ran)
     return rows
 
 
-def bench_w7(engine: LLMEngine, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
+def bench_w7(target: Target, args: argparse.Namespace, vocab: int, progress: bool) -> list[dict[str, Any]]:
     n, length = args.num_requests or NUM_REQUESTS["W7"], args.prompt_len or PROMPT_LEN["W7"]
     prompts = random_prompts(n, length, vocab, args.seed + 7)
     rows = []
     points = [(o, r) for o in args.outputs for r in range(1, 4)]
     for out, round_ in tqdm(points, desc="W7 N,round", disable=not progress, leave=False):
         if round_ == 1:
-            engine.core.kv.reset_prefix_cache()
-        counters = Counters(engine)
-        params = SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True)
-        seconds, compiles = run_batch(engine, prompts, params)
-        rows.append(
-            {"N": out, "round": round_, "seconds": seconds, "req_per_s": n / seconds, "compiles": compiles}
-            | counters.read()
-        )
+            target.clear()
+        ran = target.run(prompts, out)
+        rows.append({"N": out, "round": round_, "req_per_s": n / ran["seconds"]} | ran)
     return rows
 
 
-def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: int) -> None:
+def warm_up(target: Target, workload: str, args: argparse.Namespace, vocab: int) -> None:
     """Kernel compiles and autotuning outside the timed runs: the workload itself on other tokens, over the shapes
     that meet new kernel variants (W6: a partial and a whole hit, whose short chunks over long cached prefixes
     split their keys by how many there are in a step; W7: the three rounds), with as many requests as run at
@@ -135,7 +162,7 @@ def warm_up(engine: LLMEngine, workload: str, args: argparse.Namespace, vocab: i
     small.num_requests = min(args.num_requests or NUM_REQUESTS[workload], WARM_UP_MAX_REQUESTS)
     small.seed = args.seed + 1000
     small.hit_rates, small.outputs = [0.5, 1.0], [2]
-    (bench_w6 if workload == "W6" else bench_w7)(engine, small, vocab, False)
+    (bench_w6 if workload == "W6" else bench_w7)(target, small, vocab, False)
 
 
 def stage(what: str, since: float, detail: str = "") -> None:
@@ -176,6 +203,7 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         kw = base | config_kwargs(name, args.kv_offloading_size)
         config, path = make_engine_config(model, **kw)
         engine = LLMEngine(config, path, shared)
+        target = EngineTarget(engine)
         stage(f"{name}: engine ready", t0)
         shared = engine.core.runner.model
         info["kv_bytes_per_token"] = engine.core.runner.block_bytes() // config.cache.block_size
@@ -185,7 +213,7 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         for w in workloads:
             t0 = time.perf_counter()
             with watch_triton_compiles() as compiled:
-                warm_up(engine, w, args, vocab)
+                warm_up(target, w, args, vocab)
             stage(f"{name}: {w} warm-up", t0, format_compiles(compiled, compiled.total_seconds(), "in it"))
             info.setdefault("warm_up", {}).setdefault(w, {})[name] = {
                 "seconds": time.perf_counter() - t0,
@@ -195,24 +223,75 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
             save_so_far()
             t0 = time.perf_counter()
             bench = bench_w6 if w == "W6" else bench_w7
-            results[w][name] = rows = bench(engine, args, vocab, progress)
+            results[w][name] = rows = bench(target, args, vocab, progress)
             stage(f"{name}: {w} timed runs", t0, "req/s " + ", ".join(f"{r['req_per_s']:.2f}" for r in rows))
             save_so_far()
-        del engine
+        del engine, target
         free_memory(probe.device)
+    report: dict[str, Any] = {"header": header, "info": info, "results": results, "plots": {}}
+    if args.peer == "vllm":
+        del shared  # vLLM sizes its cache by the memory free when it starts
+        release_dead_engines(probe.device)
+        report["peer"] = run_vllm(args, model, vocab, probe, workloads)
     texts = []
     if "W6" in results:
         texts.append(format_w6(results["W6"], info))
     if "W7" in results:
         texts.append(format_w7(results["W7"], info))
+    peer_results = report.get("peer", {}).get("results", {})
+    for w in workloads:
+        if peer_results.get(w):
+            texts.append(format_beside_peer(w, results[w], peer_results[w], report["peer"]["version"]))
     print("\n\n".join(texts), flush=True)
-    report = {"header": header, "info": info, "results": results, "plots": {}}
     if args.json:
         report["plots"] = plot_offload(report, args.json)
         for p in report["plots"].values():
             print(f"plot: {p}", flush=True)
         write_json_report(args.json, report)
     return report
+
+
+def peer_command(
+    args: argparse.Namespace, model: str, vocab: int, config: EngineConfig, name: str, path: str
+) -> list[str]:
+    """The `offload_vllm` command for one configuration, the workloads and points roseinfer ran, under the limits
+    its engine ran with."""
+    cmd = [sys.executable, "-m", "roseinfer.bench.offload_vllm", "--model", model, "--vocab-size", str(vocab)]
+    cmd += [*limit_flags(config), "--config", name, "--workload", args.workload]
+    cmd += ["--kv-offloading-size", str(args.kv_offloading_size)]
+    cmd += ["--hit-rates", ",".join(map(str, args.hit_rates)), "--outputs", ",".join(map(str, args.outputs))]
+    for flag, value in (
+        ("--num-requests", args.num_requests),
+        ("--prompt-len", args.prompt_len),
+        ("--output-len", args.output_len),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    cmd += ["--seed", str(args.seed), "--json", path]
+    return cmd + (["--no-progress"] if args.no_progress else [])
+
+
+def run_vllm(
+    args: argparse.Namespace, model: str, vocab: int, config: EngineConfig, workloads: list[str]
+) -> dict[str, Any]:
+    """Each configuration through vLLM, in a process of its own (a fresh engine and CPU pool each, as roseinfer's).
+    Its rows by workload and configuration; "error" holds the first failure (the others still run)."""
+    peer: dict[str, Any] = {"version": None, "results": {w: {} for w in workloads}, "configs": {}}
+    for name in args.configs:
+        t0 = time.perf_counter()
+        ran = run_peer(lambda path, name=name: peer_command(args, model, vocab, config, name, path))
+        if "error" in ran:
+            print(ran["error"], flush=True)
+            peer.setdefault("error", ran["error"])
+            continue
+        peer["version"] = ran["version"]
+        peer["configs"][name] = {k: v for k, v in ran.items() if k != "results"}
+        rates = []
+        for w in workloads:
+            peer["results"][w][name] = ran["results"][w]
+            rates += [f"{r['req_per_s']:.2f}" for r in ran["results"][w]]
+        stage(f"vLLM {name}: done", t0, "req/s " + ", ".join(rates))
+    return peer
 
 
 DEFAULT_HIT_RATES = [round(0.1 * i, 1) for i in range(11)]
@@ -260,6 +339,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
     )
     parser.add_argument("--no-progress", action="store_true")
+    add_peer_option(
+        parser,
+        "each configuration's points (its LLM.generate, timed the same way; `cpu` as its GPU cache reset before each run)",
+    )
     add_engine_arguments(parser, prefix_caching_flag=False)
 
 
@@ -277,5 +360,4 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
-    run_offload(args)
-    return 0
+    return 1 if peer_failed(run_offload(args)) else 0

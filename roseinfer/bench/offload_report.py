@@ -80,6 +80,28 @@ def format_w7(res: dict[str, list[dict[str, Any]]], info: dict[str, Any]) -> str
     return "\n".join(lines + [_compiles(res)])
 
 
+def format_beside_peer(
+    workload: str,
+    ours: dict[str, list[dict[str, Any]]],
+    theirs: dict[str, list[dict[str, Any]]],
+    version: str,
+) -> str:
+    """A row per point, a column per configuration both engines ran: roseinfer's req/s, vLLM's, and their ratio."""
+    configs = [c for c in ours if c in theirs]
+    key = (lambda r: f"{r['h']:<12.2f}") if workload == "W6" else (lambda r: f"{r['N']:<6}{r['round']:<6}")
+    lines = [
+        f"== {workload} beside vLLM {version}: req/s, roseinfer / vLLM (roseinfer over vLLM) ==",
+        ("h" if workload == "W6" else "N     round").ljust(12) + "".join(f"{c:>28}" for c in configs),
+    ]
+    for i, row in enumerate(ours[configs[0]] if configs else []):
+        cells = []
+        for c in configs:
+            a, b = ours[c][i]["req_per_s"], theirs[c][i]["req_per_s"]
+            cells.append(f"{a:>9.2f} / {b:>8.2f} ({a / b:.2f}x)")
+        lines.append(key(row) + "".join(f"{cell:>28}" for cell in cells))
+    return "\n".join(lines)
+
+
 def _compiles(res: dict[str, list[dict[str, Any]]]) -> str:
     n = sum(r.get("compiles", 0) for rows in res.values() for r in rows)
     return f"Triton compiles in the timed runs: {n}"
@@ -118,4 +140,38 @@ def plot_offload(report: dict[str, Any], base: str) -> dict[str, str]:
         ax.legend(fontsize="small")
         made["W7"] = report_plot_path(base, "W7")
         _save(plt, fig, made["W7"])
+    peer = report.get("peer", {})
+    for w, theirs in peer.get("results", {}).items():
+        if theirs:
+            made[f"{w}_vllm"] = report_plot_path(base, f"{w}_vllm")
+            _plot_beside_peer(
+                plt, w, results[w], theirs, f"{w} beside vLLM {peer['version']}: {title}", made[f"{w}_vllm"]
+            )
     return made
+
+
+def _plot_beside_peer(
+    plt: Any,
+    workload: str,
+    ours: dict[str, list[dict[str, Any]]],
+    theirs: dict[str, list[dict[str, Any]]],
+    title: str,
+    path: str,
+) -> None:
+    """req/s per configuration, roseinfer solid and vLLM dashed in the same colour: W6 against h, W7 (round 3)
+    against N."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    w6 = workload == "W6"
+    for i, name in enumerate(c for c in ours if c in theirs):
+        colour = f"C{i}"
+        for engine, rows, style in (("roseinfer", ours[name], "o-"), ("vLLM", theirs[name], "s--")):
+            pts = rows if w6 else [r for r in rows if r["round"] == 3]
+            xs = [r["h"] if w6 else r["N"] for r in pts]
+            ax.plot(xs, [r["req_per_s"] for r in pts], style, color=colour, label=f"{engine} {name}")
+    if not w6:
+        ax.set_xscale("log", base=2)
+    xlabel = "hit rate h" if w6 else "output tokens N (round 3)"
+    ax.set(xlabel=xlabel, ylabel="req/s", title=title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    _save(plt, fig, path)

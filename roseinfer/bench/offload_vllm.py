@@ -1,0 +1,149 @@
+"""The vLLM side of `roseinfer bench offload --peer vllm`: one configuration's W6 and W7 points, on the same prompts,
+timed through vLLM's `LLM.generate` in this process (its engine core runs in a process of its own).
+
+    PYTHONPATH=/tmp/vsite:$PWD python3 -m roseinfer.bench.offload_vllm --model qwen2.5-0.5b --vocab-size 151936 \
+        --max-num-seqs 256 --max-num-batched-tokens 1024 --gpu-memory-utilization 0.9 --enable-prefix-caching \
+        --config gpu+cpu --workload W7 --kv-offloading-size 16 --json /tmp/vllm_offload.json
+
+The configurations as vLLM has them: `none` without prefix caching, `gpu` with it, `gpu+cpu` with its native CPU
+offloading (`kv_offloading_size`, the same GiB), and `cpu` as `gpu+cpu` with its GPU prefix cache reset before
+every run, so that what an earlier run left is found in the CPU tier only (within a run, prompts share nothing).
+Hit and loaded tokens come from its metrics (`vllm:prefix_cache_hits`, `vllm:external_prefix_cache_hits`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from roseinfer.bench.decode_steps import check_lengths
+from roseinfer.bench.offload import (
+    CONFIGS,
+    DEFAULT_HIT_RATES,
+    W7_OUTPUTS,
+    bench_w6,
+    bench_w7,
+    parse_list,
+    warm_up,
+)
+from roseinfer.bench.vllm_peer import (
+    engine_args,
+    exit_peer_process,
+    model_dir,
+    peer_parser,
+    remove_model_dir,
+    set_vllm_env,
+    write_peer_report,
+)
+from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
+
+METRICS = {"hit_tokens": "vllm:prefix_cache_hits", "loaded_tokens": "vllm:external_prefix_cache_hits"}
+
+
+def vllm_engine_args(args: argparse.Namespace, directory: str) -> dict[str, Any]:
+    kw = engine_args(args, directory)
+    kw["enable_prefix_caching"] = args.config != "none"
+    if "cpu" in args.config:
+        kw["kv_offloading_size"] = args.kv_offloading_size
+        kw["kv_offloading_backend"] = "native"
+    kw["disable_log_stats"] = False  # the hit and loaded tokens
+    return kw
+
+
+def read_counters(llm: Any) -> dict[str, int] | None:
+    """The prefix tokens vLLM has served from its GPU cache and loaded through its connector so far (None where
+    its metrics cannot be read)."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # a report without counters beats no report
+        return None
+    found = {key: 0 for key in METRICS}
+    for m in metrics:
+        for key, name in METRICS.items():
+            if m.name == name:
+                found[key] += int(getattr(m, "value", 0))
+    return found
+
+
+class VllmTarget:
+    """vLLM's `LLM` as `bench_w6`/`bench_w7` drive it."""
+
+    def __init__(self, llm: Any, sampling_params: type, reset_gpu_before_runs: bool) -> None:
+        self.llm, self.sampling_params = llm, sampling_params
+        self.reset_gpu_before_runs = reset_gpu_before_runs
+
+    def clear(self) -> None:
+        if not self.llm.reset_prefix_cache(reset_connector=True):
+            raise RuntimeError("vLLM refused to reset its prefix cache and CPU tier")
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+        if self.reset_gpu_before_runs and not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its GPU prefix cache")
+        params = self.sampling_params(
+            temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
+        )
+        before = read_counters(self.llm)
+        t0 = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        check_lengths([len(o.outputs[0].token_ids) for o in outs], max_tokens, "vLLM")
+        after = read_counters(self.llm)
+        counts = {k: after[k] - before[k] for k in METRICS} if before and after else {}
+        return {"seconds": seconds} | counts
+
+
+def time_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    import vllm
+
+    workloads = ["W6", "W7"] if args.workload == "all" else [args.workload]
+    directory, tmp = model_dir(args.model)
+    kw = vllm_engine_args(args, directory)
+    report: dict[str, Any] = {"peer": "vllm", "version": vllm.__version__, "config": args.config}
+    report["engine_args"] = kw
+    try:
+        started = time.monotonic()
+        llm = vllm.LLM(**kw)
+        report["init_s"] = time.monotonic() - started
+        print(f"vLLM {vllm.__version__} {args.config}: engine built in {report['init_s']:.1f} s", flush=True)
+        target = VllmTarget(llm, vllm.SamplingParams, reset_gpu_before_runs=args.config == "cpu")
+        report["results"], report["warm_up_s"] = {}, {}
+        for w in workloads:
+            t0 = time.monotonic()
+            warm_up(target, w, args, args.vocab_size)
+            report["warm_up_s"][w] = time.monotonic() - t0
+            bench = bench_w6 if w == "W6" else bench_w7
+            report["results"][w] = bench(target, args, args.vocab_size, not args.no_progress)
+    finally:
+        remove_model_dir(tmp)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = peer_parser("roseinfer.bench.offload_vllm", __doc__)
+    p.add_argument("--config", required=True, choices=list(CONFIGS))
+    p.add_argument("--workload", default="all", choices=["W6", "W7", "all"])
+    p.add_argument("--kv-offloading-size", type=non_negative_float, default=16.0)
+    p.add_argument("--hit-rates", type=parse_list(float), default=DEFAULT_HIT_RATES)
+    p.add_argument("--outputs", type=parse_list(int), default=list(W7_OUTPUTS))
+    p.add_argument("--num-requests", type=positive_int, default=None)
+    p.add_argument("--prompt-len", type=positive_int, default=None)
+    p.add_argument("--output-len", type=positive_int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if "cpu" in args.config and args.kv_offloading_size <= 0:
+        raise SystemExit("the gpu+cpu and cpu configurations need --kv-offloading-size > 0")
+    set_vllm_env()
+    report = time_vllm(args)
+    for w, rows in report["results"].items():
+        rates = ", ".join(f"{r['req_per_s']:.2f}" for r in rows)
+        print(f"vLLM {args.config} {w}: req/s {rates}", flush=True)
+    write_peer_report(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_peer_process(main)
