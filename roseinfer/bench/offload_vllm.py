@@ -8,7 +8,8 @@ timed through vLLM's `LLM.generate` in this process (its engine core runs in a p
 The configurations as vLLM has them: `none` without prefix caching, `gpu` with it, `gpu+cpu` with its native CPU
 offloading (`kv_offloading_size`, the same GiB), and `cpu` as `gpu+cpu` with its GPU prefix cache reset before
 every run, so that what an earlier run left is found in the CPU tier only (within a run, prompts share nothing).
-Hit and loaded tokens come from its metrics (`vllm:prefix_cache_hits`, `vllm:external_prefix_cache_hits`).
+A run's hit tokens are its outputs' `num_cached_tokens` (from the GPU cache and the CPU tier together; for `cpu`,
+from the tier alone). Its stats stay off, as `LLM` has them.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from roseinfer.bench.vllm_peer import (
 )
 from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
 
-METRICS = {"hit_tokens": "vllm:prefix_cache_hits", "loaded_tokens": "vllm:external_prefix_cache_hits"}
-
 
 def vllm_engine_args(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     kw = engine_args(args, directory)
@@ -47,23 +46,7 @@ def vllm_engine_args(args: argparse.Namespace, directory: str) -> dict[str, Any]
     if "cpu" in args.config:
         kw["kv_offloading_size"] = args.kv_offloading_size
         kw["kv_offloading_backend"] = "native"
-    kw["disable_log_stats"] = False  # the hit and loaded tokens
     return kw
-
-
-def read_counters(llm: Any) -> dict[str, int] | None:
-    """The prefix tokens vLLM has served from its GPU cache and loaded through its connector so far (None where
-    its metrics cannot be read)."""
-    try:
-        metrics = llm.get_metrics()
-    except Exception:  # a report without counters beats no report
-        return None
-    found = {key: 0 for key in METRICS}
-    for m in metrics:
-        for key, name in METRICS.items():
-            if m.name == name:
-                found[key] += int(getattr(m, "value", 0))
-    return found
 
 
 class VllmTarget:
@@ -83,14 +66,11 @@ class VllmTarget:
         params = self.sampling_params(
             temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False
         )
-        before = read_counters(self.llm)
         t0 = time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - t0
         check_lengths([len(o.outputs[0].token_ids) for o in outs], max_tokens, "vLLM")
-        after = read_counters(self.llm)
-        counts = {k: after[k] - before[k] for k in METRICS} if before and after else {}
-        return {"seconds": seconds} | counts
+        return {"seconds": seconds, "hit_tokens": sum(o.num_cached_tokens or 0 for o in outs)}
 
 
 def time_vllm(args: argparse.Namespace) -> dict[str, Any]:
