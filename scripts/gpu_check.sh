@@ -5,7 +5,7 @@
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
-#             ncu (on request)
+#             kernels-fa3, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -171,6 +171,11 @@ for s in "${sections[@]}"; do
         # shellcheck disable=SC2086
         run offload-W6-$shape '^(==|h |[0-9])' $RI bench offload --model-shape $shape --workload W6 --num-requests ${OFFLOAD_W6_REQUESTS:-200} --no-progress --json "$LOGS/offload_W6_$shape.json" ${OFFLOAD_ARGS:-}
       done ;;
+    kernels-fa3)  # `bench kernels --long-prefix`: a 1024-token chunk over 4k and 9k paged prefixes through roseinfer's
+                  # prefill kernel, SDPA flash and vLLM's FA3, after the bundle's six chunks as for peers
+      P=${PEERS_DIR:-.vb5}
+      if [ ! -d /tmp/vsite/vllm ]; then run vllm-install 'checked|failed|mismatch|WARNING' bash "$P/install.sh"; fi
+      run kernels-fa3 '.' env PYTHONPATH="/tmp/vsite:$PYTHONPATH" $RI bench kernels --long-prefix ;;
     offload-peers)  # `bench offload --peer vllm`: each configuration through roseinfer, then through vLLM 0.24's native CPU
                     # offloading (a process a configuration), for OFFLOAD_SHAPES (default qwen2.5-0.5b) and
                     # OFFLOAD_PEER_WORKLOADS (default W7; W6 runs OFFLOAD_W6_REQUESTS, default 200), after the bundle's

@@ -11,7 +11,7 @@ printed before the eighth session; `scripts/probe_graph_timing.py` takes the gap
 plain Python call, launch overhead included.
 
 Prefill: 4 sequences x 2k tokens, 32 q / 8 kv heads, D=128, bf16, causal, against torch SDPA restricted to
-its flash backend on the same (contiguous) inputs.
+its flash backend on the same (contiguous) inputs. `--long-prefix` adds a chunk over a long prefix (`kernels_prefix`).
 """
 
 from __future__ import annotations
@@ -287,8 +287,9 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]]:
-    """Time decode and prefill attention on the current CUDA device; returns one dict per row."""
+def run_kernel_bench(seed: int = 0, verbose: bool = True, long_prefix: bool = False) -> list[dict[str, Any]]:
+    """Time decode and prefill attention on the current CUDA device; returns one dict per row. `long_prefix` adds
+    a chunk over a long paged prefix beside SDPA flash and vLLM's FA3 (`kernels_prefix`)."""
     if not torch.cuda.is_available():
         raise RuntimeError("run_kernel_bench needs a CUDA GPU")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -307,6 +308,10 @@ def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]
         rows.append(_bench_decode(name, num_heads, num_kv_heads, head_dim, copy_gbs, gen))
         torch.cuda.empty_cache()
     rows += _bench_prefill(gen)
+    if long_prefix:
+        from roseinfer.bench.kernels_prefix import run_prefix_chunk_bench
+
+        rows += run_prefix_chunk_bench(gen, _median_ms)
     if verbose:
         print(f"device: {torch.cuda.get_device_name(device)}")
         print_rows(rows)
@@ -316,6 +321,12 @@ def run_kernel_bench(seed: int = 0, verbose: bool = True) -> list[dict[str, Any]
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--long-prefix",
+        action="store_true",
+        help="also a 1024-token chunk over 4k and 9k paged prefixes (W7's prefill), beside SDPA flash and, where "
+        "vLLM imports, its FlashAttention 3",
+    )
 
 
 def run(args: Any) -> int:
@@ -324,5 +335,5 @@ def run(args: Any) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench kernels needs a CUDA GPU")
     print(format_header(bench_header("kernels", "attention layers of qwen2.5-0.5b and llama-3.1-8b")))
-    run_kernel_bench(args.seed)
+    run_kernel_bench(args.seed, long_prefix=args.long_prefix)
     return 0
