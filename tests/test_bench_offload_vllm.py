@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from roseinfer.bench import offload
+from roseinfer.bench.plots import plot_report, pyplot
 from roseinfer.entrypoints.cli import main
 from roseinfer.models.loader import resolve_model_path
 from tests.fake_vllm import entries, install_fake_vllm
@@ -141,6 +142,12 @@ def test_each_configuration_runs_through_vllm_with_its_options_on_roseinfers_pro
     for name in ("gpu", "gpu+cpu", "cpu"):
         assert [r["hit_tokens"] for r in rows[name]] == [0, whole, whole]
     assert [r["hit_tokens"] for r in rows["none"]] == [0, 0, 0]
+
+    if pyplot() is not None:  # the side-by-side plot, drawn with the report and again by `bench plot`
+        assert set(report["plots"]) == {"W7", "W7_vllm"}
+        again = plot_report(report, str(tmp_path / "again"))
+        assert again == {w: str(tmp_path / f"again.{w}.png") for w in ("W7", "W7_vllm")}
+        assert (tmp_path / "again.W7_vllm.png").stat().st_size > 0
 
     out = capsys.readouterr().out
     table = out[out.index("== W7 beside vLLM 0.0-stand-in") :].splitlines()

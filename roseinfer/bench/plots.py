@@ -217,7 +217,8 @@ def plot_report(report: dict[str, Any], base: str) -> dict[str, str | None]:
         from roseinfer.bench.offload_report import plot_offload
 
         made = plot_offload(report, base)
-        return {w: made.get(w) for w in ("W6", "W7") if w in report["results"]}
+        beside = [f"{w}_vllm" for w, rows in report.get("peer", {}).get("results", {}).items() if rows]
+        return {w: made.get(w) for w in [w for w in ("W6", "W7") if w in report["results"]] + beside}
     raise ValueError(
         f"no plot for this report (workload {workload!r}): plots are drawn for `bench roofline`, `bench serve`,"
         " `bench decode`, `bench offload` and `bench prefix` reports with W3"
