@@ -185,3 +185,23 @@ def test_a_peer_that_fails_says_so_and_keeps_roseinfers_figures(fake_vllm, tmp_p
     assert "the vLLM peer exited with 1" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert len(report["results"]["W7"]["gpu"]) == 3 and "error" in report["peer"]
+
+
+def test_a_run_cut_short_in_the_peer_leaves_its_finished_configurations_in_the_json(
+    fake_vllm, tmp_path, monkeypatch
+):
+    real, calls = offload.run_peer, []
+
+    def cut_on_the_second(command):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a time limit does to a run in the middle
+        return real(command)
+
+    monkeypatch.setattr(offload, "run_peer", cut_on_the_second)
+    path = tmp_path / "offload.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(argv(path, "--configs", "gpu,cpu"))
+    saved = json.loads(path.read_text())
+    assert list(saved["results"]["W7"]) == ["gpu", "cpu"]  # roseinfer's, all done before the peer
+    assert list(saved["peer"]["results"]["W7"]) == ["gpu"] and len(saved["peer"]["results"]["W7"]["gpu"]) == 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -184,7 +185,8 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         command=getattr(args, "argv", None),
         device=probe.device,
         dtype=str(probe.dtype).removeprefix("torch."),
-        compare=f"configurations {', '.join(args.configs)}; CPU tier {args.kv_offloading_size:g} GiB",
+        compare=f"configurations {', '.join(args.configs)}; CPU tier {args.kv_offloading_size:g} GiB"
+        + ("; each beside vLLM's (--peer vllm)" if args.peer else ""),
         scaled=scaled or args.hit_rates != DEFAULT_HIT_RATES or tuple(args.outputs) != W7_OUTPUTS,
     )
     print(format_header(header), flush=True)
@@ -194,9 +196,10 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     shared = None
     info: dict[str, Any] = {"h2d_bytes_per_s": h2d}
 
-    def save_so_far() -> None:  # in case a time limit cuts the rest
+    def save_so_far(peer: dict[str, Any] | None = None) -> None:  # in case a time limit cuts the rest
         if args.json:
-            write_json_report(args.json, {"header": header, "info": info, "results": results, "plots": {}})
+            so_far = {"header": header, "info": info, "results": results, "plots": {}}
+            write_json_report(args.json, so_far | ({"peer": peer} if peer is not None else {}))
 
     for name in args.configs:
         t0 = time.perf_counter()
@@ -232,7 +235,7 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     if args.peer == "vllm":
         del shared  # vLLM sizes its cache by the memory free when it starts
         release_dead_engines(probe.device)
-        report["peer"] = run_vllm(args, model, vocab, probe, workloads)
+        report["peer"] = run_vllm(args, model, vocab, probe, workloads, save=save_so_far)
     texts = []
     if "W6" in results:
         texts.append(format_w6(results["W6"], info))
@@ -272,10 +275,16 @@ def peer_command(
 
 
 def run_vllm(
-    args: argparse.Namespace, model: str, vocab: int, config: EngineConfig, workloads: list[str]
+    args: argparse.Namespace,
+    model: str,
+    vocab: int,
+    config: EngineConfig,
+    workloads: list[str],
+    save: Callable[[dict[str, Any]], None] = lambda peer: None,
 ) -> dict[str, Any]:
     """Each configuration through vLLM, in a process of its own (a fresh engine and CPU pool each, as roseinfer's).
-    Its rows by workload and configuration; "error" holds the first failure (the others still run)."""
+    Its rows by workload and configuration; "error" holds the first failure (the others still run). `save` runs
+    after each configuration, given the dict filled so far."""
     peer: dict[str, Any] = {"version": None, "results": {w: {} for w in workloads}, "configs": {}}
     for name in args.configs:
         t0 = time.perf_counter()
@@ -291,6 +300,7 @@ def run_vllm(
             peer["results"][w][name] = ran["results"][w]
             rates += [f"{r['req_per_s']:.2f}" for r in ran["results"][w]]
         stage(f"vLLM {name}: done", t0, "req/s " + ", ".join(rates))
+        save(peer)
     return peer
 
 
