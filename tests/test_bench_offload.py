@@ -123,3 +123,26 @@ def test_a_run_cut_short_leaves_the_finished_configurations_in_the_json(tmp_path
     saved = json.loads((tmp_path / "r.json").read_text())
     assert list(saved["results"]["W7"]) == ["gpu"] and len(saved["results"]["W7"]["gpu"]) == 3
     assert saved["info"]["warm_up"]["W7"]["cpu"]["seconds"] > 0  # its warm-up finished before the cut
+
+
+def test_profile_traces_the_first_output_lengths_rounds_and_the_first_and_last_h(tmp_path, capsys) -> None:
+    trace = tmp_path / "t" / "trace.json"
+    a = args(
+        tmp_path,
+        "--configs",
+        "gpu+cpu",
+        "--outputs",
+        "2,3",
+        "--hit-rates",
+        "0,0.5,1",
+        "--profile",
+        str(trace),
+    )
+    offload.check_arguments(a)
+    offload.run_offload(a)
+    written = sorted(p.name for p in (tmp_path / "t").iterdir())
+    w7 = [f"trace.gpu_cpu.W7.N2.r{r}.json" for r in (1, 2, 3)]
+    assert written == sorted(["trace.gpu_cpu.W6.h0.json", "trace.gpu_cpu.W6.h1.json", *w7])
+    events = json.loads((tmp_path / "t" / "trace.gpu_cpu.W7.N2.r2.json").read_text())["traceEvents"]
+    assert sum(e.get("name") == "step" for e in events) >= 2  # the engine's ranges: a whole hit, then decodes
+    assert capsys.readouterr().out.count("[profile] wrote:") == 5

@@ -32,6 +32,7 @@ from roseinfer.config import EngineConfig
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.profiling import profile_to, trace_path_for
 from roseinfer.runner.gc_heap import release_dead_engines
 from roseinfer.sampling_params import SamplingParams
 
@@ -78,25 +79,34 @@ class Target(Protocol):
     def clear(self) -> None:
         """Cold caches, GPU and CPU."""
 
-    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
-        """Runs `prompts` to completion together, greedy, `max_tokens` each: "seconds" and counters."""
+    def run(self, prompts: list[list[int]], max_tokens: int, trace: str | None = None) -> dict[str, Any]:
+        """Runs `prompts` to completion together, greedy, `max_tokens` each: "seconds" and counters; `trace`: a
+        profiler trace of the run goes there, where the target can trace itself."""
         ...
 
 
 class EngineTarget:
     """roseinfer's engine, with the prefix tokens served from its cache and loaded from its CPU tier in each run."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, trace_gpu_only: bool = False) -> None:
         self.engine = engine
+        self.trace_gpu_only = trace_gpu_only
 
     def clear(self) -> None:
         self.engine.core.kv.reset_prefix_cache()
 
-    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    def run(self, prompts: list[list[int]], max_tokens: int, trace: str | None = None) -> dict[str, Any]:
         counters = Counters(self.engine)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        seconds, compiles = run_batch(self.engine, prompts, params)
+        with profile_to(trace, gpu_only=self.trace_gpu_only):
+            seconds, compiles = run_batch(self.engine, prompts, params)
         return {"seconds": seconds, "compiles": compiles} | counters.read()
+
+
+def point_trace(args: argparse.Namespace, point: str) -> str | None:
+    """Where a traced point's trace goes: --profile's path (the configuration's, by now) with the point added."""
+    path = getattr(args, "profile", None)
+    return trace_path_for(path, point) if path else None
 
 
 class Counters:
@@ -134,7 +144,8 @@ def bench_w6(target: Target, args: argparse.Namespace, vocab: int, progress: boo
         k = int(round(h * length))
         if k:
             target.run([p[:k] for p in prompts], 1)  # the first h of each prompt, seen before
-        ran = target.run(prompts, out)
+        traced = h in (args.hit_rates[0], args.hit_rates[-1])
+        ran = target.run(prompts, out, point_trace(args, f"W6.h{h:g}") if traced else None)
         rows.append({"h": h, "req_per_s": n / ran["seconds"]} | ran)
     return rows
 
@@ -147,7 +158,8 @@ def bench_w7(target: Target, args: argparse.Namespace, vocab: int, progress: boo
     for out, round_ in tqdm(points, desc="W7 N,round", disable=not progress, leave=False):
         if round_ == 1:
             target.clear()
-        ran = target.run(prompts, out)
+        traced = out == args.outputs[0]
+        ran = target.run(prompts, out, point_trace(args, f"W7.N{out}.r{round_}") if traced else None)
         rows.append({"N": out, "round": round_, "req_per_s": n / ran["seconds"]} | ran)
     return rows
 
@@ -163,6 +175,7 @@ def warm_up(target: Target, workload: str, args: argparse.Namespace, vocab: int)
     small.num_requests = min(args.num_requests or NUM_REQUESTS[workload], WARM_UP_MAX_REQUESTS)
     small.seed = args.seed + 1000
     small.hit_rates, small.outputs = [0.5, 1.0], [2]
+    small.profile = None
     (bench_w6 if workload == "W6" else bench_w7)(target, small, vocab, False)
 
 
@@ -206,7 +219,11 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
         kw = base | config_kwargs(name, args.kv_offloading_size)
         config, path = make_engine_config(model, **kw)
         engine = LLMEngine(config, path, shared)
-        target = EngineTarget(engine)
+        target = EngineTarget(engine, trace_gpu_only=args.profile_gpu_only)
+        own = argparse.Namespace(
+            **vars(args)
+        )  # the configuration's traces: trace.json -> trace.gpu_cpu.W7....json
+        own.profile = trace_path_for(args.profile, name.replace("+", "_")) if args.profile else None
         stage(f"{name}: engine ready", t0)
         shared = engine.core.runner.model
         info["kv_bytes_per_token"] = engine.core.runner.block_bytes() // config.cache.block_size
@@ -226,7 +243,7 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
             save_so_far()
             t0 = time.perf_counter()
             bench = bench_w6 if w == "W6" else bench_w7
-            results[w][name] = rows = bench(target, args, vocab, progress)
+            results[w][name] = rows = bench(target, own, vocab, progress)
             stage(f"{name}: {w} timed runs", t0, "req/s " + ", ".join(f"{r['req_per_s']:.2f}" for r in rows))
             save_so_far()
         del engine, target
@@ -349,6 +366,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", default=None, metavar="PATH", help="write every number here (plots beside it)"
     )
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="torch profiler traces of each configuration's rounds at W7's first output length and of W6's first "
+        "and last h, at PATH with the configuration and point before its extension (trace.json -> "
+        "trace.gpu_cpu.W7.N2.r1.json; .json.gz is written gzipped)",
+    )
+    parser.add_argument(
+        "--profile-gpu-only",
+        action="store_true",
+        help="trace GPU activity only (kernel times, less host cost)",
+    )
     add_peer_option(
         parser,
         "each configuration's points (its LLM.generate, timed the same way; `cpu` as its GPU cache reset before each run)",

@@ -60,7 +60,8 @@ class VllmTarget:
         if not self.llm.reset_prefix_cache(reset_connector=True):
             raise RuntimeError("vLLM refused to reset its prefix cache and CPU tier")
 
-    def run(self, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    def run(self, prompts: list[list[int]], max_tokens: int, trace: str | None = None) -> dict[str, Any]:
+        # `trace` is never set here: the parent passes no --profile (vLLM's engine runs in a process of its own).
         if self.reset_gpu_before_runs and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its GPU prefix cache")
         params = self.sampling_params(
