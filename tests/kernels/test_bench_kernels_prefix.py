@@ -61,4 +61,16 @@ def test_each_kernel_matches_sdpa_on_the_same_chunk(monkeypatch, chunk: int, pre
     assert rows[1]["tflops"] == pytest.approx(flops / 1e-3 / 1e12)
     assert (
         calls == [{"causal": True, "fa_version": 3, "max_seqlen_k": prefix + chunk}] * 2
-    )  # the check, the timing
+    )  # the try, the check, the timing
+
+
+def test_an_fa3_that_refuses_the_cache_costs_only_its_row(monkeypatch, capsys) -> None:
+    def refuses(*args, **kwargs):
+        raise RuntimeError("paged KV must be contiguous")
+
+    monkeypatch.setattr(kp, "vllm_fa3", lambda: refuses)
+    rows = kp.bench_prefix_chunk(
+        16, torch.Generator().manual_seed(1), lambda fn: 1.0, chunk=5, heads=(2, 1, 16)
+    )
+    assert [r["kernel"] for r in rows] == ["paged_prefill", "sdpa_flash"]
+    assert "vLLM's FA3 refused the chunk over 16 cached tokens" in capsys.readouterr().out
