@@ -9,7 +9,13 @@ import pytest
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv.block_pool import BlockPool
 from roseinfer.kv.manager import KVCacheManager
-from roseinfer.kv.prefix_cache import ROOT, hash_full_block, hash_partial_block, root_hash
+from roseinfer.kv.prefix_cache import (
+    ROOT,
+    extend_block_hashes,
+    hash_full_block,
+    hash_partial_block,
+    root_hash,
+)
 from roseinfer.request import Request, RequestStatus
 from roseinfer.sampling_params import SamplingParams
 from roseinfer.scheduler.policy import AdmissionPolicy
@@ -123,6 +129,32 @@ def test_hash_serialisation_does_not_alias():
     assert root_hash("") != ROOT and root_hash("a") != root_hash("b")
     parent = hash_full_block(ROOT, [5, 6])
     assert hash_full_block(parent, [7, 8]) != hash_full_block(ROOT, [5, 6, 7, 8])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extending_keys_chains_hash_full_block_over_each_new_block(seed: int) -> None:
+    """The keys `extend_block_hashes` appends (one serialisation, byte slices of it) are each block's
+    `hash_full_block` of its parent: from nothing or from a list already part-way, for lists and arrays of ids,
+    any block size, with and without a salt, with a partial block left over."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    block = rng.choice([1, 2, 3, 16, 32])
+    tokens = [rng.randrange(0, 2**40) for _ in range(rng.randrange(0, 9 * block))]
+    salt = rng.choice([None, "tenant"])
+    want, parent = [], root_hash(salt)
+    for i in range(len(tokens) // block):
+        parent = hash_full_block(parent, tokens[i * block : (i + 1) * block])
+        want.append(parent)
+    whole: list[bytes] = []
+    extend_block_hashes(whole, tokens, block, salt)
+    assert whole == want
+    done = rng.randrange(0, len(want) + 1)
+    part = want[:done]
+    extend_block_hashes(part, np.asarray(tokens, dtype=np.int64), block, salt)
+    assert part == want
+    extend_block_hashes(part, tokens, block, salt)  # nothing new: nothing appended
+    assert part == want
 
 
 def test_salted_requests_never_hit_each_other():
