@@ -12,6 +12,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The head of a stand-in `vllm/__init__.py` that runs `LLM.generate`: its version, `log(**entry)` to FAKE_VLLM_LOG,
+# and a SamplingParams that keeps its keywords (`.kw`). A test's own LLM follows it.
+GENERATE_PRELUDE = """
+import json, os, time
+__version__ = "0.0-stand-in"
+LOG = os.environ["FAKE_VLLM_LOG"]
+
+def log(**entry):
+    with open(LOG, "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.kw = kw
+"""
+
+
 def install_fake_vllm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str], **env: float
 ) -> Path:

@@ -20,25 +20,15 @@ from roseinfer.bench.decode_steps import (
     window_prompts,
 )
 from roseinfer.entrypoints.cli import main
-from tests.fake_vllm import REPO, entries, install_fake_vllm
+from tests.fake_vllm import GENERATE_PRELUDE, REPO, entries, install_fake_vllm
 
 BASE_S = 0.030  # the stand-in's time for a generate call, plus
 STEP_S = 0.006  # this much a token of output
 
 FAKE = {
-    "vllm/__init__.py": """
-import json, os, time
-__version__ = "0.0-stand-in"
-LOG = os.environ["FAKE_VLLM_LOG"]
+    "vllm/__init__.py": GENERATE_PRELUDE
+    + """
 BASE_S, STEP_S = float(os.environ["FAKE_VLLM_BASE_S"]), float(os.environ["FAKE_VLLM_STEP_S"])
-
-def log(**entry):
-    with open(LOG, "a") as f:
-        f.write(json.dumps(entry) + "\\n")
-
-class SamplingParams:
-    def __init__(self, **kw):
-        self.kw = kw
 
 class _Out:
     def __init__(self, n):

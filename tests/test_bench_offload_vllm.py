@@ -10,26 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from roseinfer.bench import offload
+from roseinfer.bench import offload, offload_vllm
 from roseinfer.bench.plots import plot_report, pyplot
 from roseinfer.entrypoints.cli import main
 from roseinfer.models.loader import resolve_model_path
-from tests.fake_vllm import entries, install_fake_vllm
+from tests.fake_vllm import GENERATE_PRELUDE, entries, install_fake_vllm
 
 FAKE = {
-    "vllm/__init__.py": """
-import json, os
-__version__ = "0.0-stand-in"
-LOG = os.environ["FAKE_VLLM_LOG"]
-
-def log(**entry):
-    with open(LOG, "a") as f:
-        f.write(json.dumps(entry) + "\\n")
-
-class SamplingParams:
-    def __init__(self, **kw):
-        self.kw = kw
-
+    "vllm/__init__.py": GENERATE_PRELUDE
+    + """
 class _Out:
     def __init__(self, n, cached):
         self.outputs = [type("C", (), {"token_ids": [7] * n})()]
@@ -190,7 +179,7 @@ def test_a_peer_that_fails_says_so_and_keeps_roseinfers_figures(fake_vllm, tmp_p
 def test_a_run_cut_short_in_the_peer_leaves_its_finished_configurations_in_the_json(
     fake_vllm, tmp_path, monkeypatch
 ):
-    real, calls = offload.run_peer, []
+    real, calls = offload_vllm.run_peer, []
 
     def cut_on_the_second(command):
         calls.append(1)
@@ -198,7 +187,7 @@ def test_a_run_cut_short_in_the_peer_leaves_its_finished_configurations_in_the_j
             raise KeyboardInterrupt  # what a time limit does to a run in the middle
         return real(command)
 
-    monkeypatch.setattr(offload, "run_peer", cut_on_the_second)
+    monkeypatch.setattr(offload_vllm, "run_peer", cut_on_the_second)
     path = tmp_path / "offload.json"
     with pytest.raises(KeyboardInterrupt):
         main(argv(path, "--configs", "gpu,cpu"))

@@ -7,9 +7,7 @@ the pinned host-to-device bandwidth measured in the same process."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,9 +24,8 @@ from roseinfer.bench.offload_report import (
     measure_h2d_bandwidth,
     plot_offload,
 )
-from roseinfer.bench.vllm_peer import add_peer_option, limit_flags, peer_failed, run_peer
+from roseinfer.bench.vllm_peer import add_peer_option, peer_failed
 from roseinfer.bench.workloads import token_id_range
-from roseinfer.config import EngineConfig
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
 from roseinfer.entrypoints.llm import make_engine_config
@@ -252,6 +249,8 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
     if args.peer == "vllm":
         del shared  # vLLM sizes its cache by the memory free when it starts
         release_dead_engines(probe.device)
+        from roseinfer.bench.offload_vllm import run_vllm  # it imports this module's workloads
+
         report["peer"] = run_vllm(args, model, vocab, probe, workloads, save=save_so_far)
     texts = []
     if "W6" in results:
@@ -269,56 +268,6 @@ def run_offload(args: argparse.Namespace) -> dict[str, Any]:
             print(f"plot: {p}", flush=True)
         write_json_report(args.json, report)
     return report
-
-
-def peer_command(
-    args: argparse.Namespace, model: str, vocab: int, config: EngineConfig, name: str, path: str
-) -> list[str]:
-    """The `offload_vllm` command for one configuration, the workloads and points roseinfer ran, under the limits
-    its engine ran with."""
-    cmd = [sys.executable, "-m", "roseinfer.bench.offload_vllm", "--model", model, "--vocab-size", str(vocab)]
-    cmd += [*limit_flags(config), "--config", name, "--workload", args.workload]
-    cmd += ["--kv-offloading-size", str(args.kv_offloading_size)]
-    cmd += ["--hit-rates", ",".join(map(str, args.hit_rates)), "--outputs", ",".join(map(str, args.outputs))]
-    for flag, value in (
-        ("--num-requests", args.num_requests),
-        ("--prompt-len", args.prompt_len),
-        ("--output-len", args.output_len),
-    ):
-        if value is not None:
-            cmd += [flag, str(value)]
-    cmd += ["--seed", str(args.seed), "--json", path]
-    return cmd + (["--no-progress"] if args.no_progress else [])
-
-
-def run_vllm(
-    args: argparse.Namespace,
-    model: str,
-    vocab: int,
-    config: EngineConfig,
-    workloads: list[str],
-    save: Callable[[dict[str, Any]], None] = lambda peer: None,
-) -> dict[str, Any]:
-    """Each configuration through vLLM, in a process of its own (a fresh engine and CPU pool each, as roseinfer's).
-    Its rows by workload and configuration; "error" holds the first failure (the others still run). `save` runs
-    after each configuration, given the dict filled so far."""
-    peer: dict[str, Any] = {"version": None, "results": {w: {} for w in workloads}, "configs": {}}
-    for name in args.configs:
-        t0 = time.perf_counter()
-        ran = run_peer(lambda path, name=name: peer_command(args, model, vocab, config, name, path))
-        if "error" in ran:
-            print(ran["error"], flush=True)
-            peer.setdefault("error", ran["error"])
-            continue
-        peer["version"] = ran["version"]
-        peer["configs"][name] = {k: v for k, v in ran.items() if k != "results"}
-        rates = []
-        for w in workloads:
-            peer["results"][w][name] = ran["results"][w]
-            rates += [f"{r['req_per_s']:.2f}" for r in ran["results"][w]]
-        stage(f"vLLM {name}: done", t0, "req/s " + ", ".join(rates))
-        save(peer)
-    return peer
 
 
 DEFAULT_HIT_RATES = [round(0.1 * i, 1) for i in range(11)]

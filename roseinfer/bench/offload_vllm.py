@@ -1,5 +1,6 @@
-"""The vLLM side of `roseinfer bench offload --peer vllm`: one configuration's W6 and W7 points, on the same prompts,
-timed through vLLM's `LLM.generate` in this process (its engine core runs in a process of its own).
+"""The vLLM side of `roseinfer bench offload --peer vllm`: `run_vllm` (in the bench's process) starts this module once a
+configuration; each run times that configuration's W6 and W7 points, on the same prompts, through vLLM's
+`LLM.generate` in its process (vLLM's engine core runs in a process of its own).
 
     PYTHONPATH=/tmp/vsite:$PWD python3 -m roseinfer.bench.offload_vllm --model qwen2.5-0.5b --vocab-size 151936 \
         --max-num-seqs 256 --max-num-batched-tokens 1024 --gpu-memory-utilization 0.9 --enable-prefix-caching \
@@ -15,7 +16,9 @@ from the tier alone). Its stats stay off, as `LLM` has them.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from roseinfer.bench.decode_steps import check_lengths
@@ -26,18 +29,72 @@ from roseinfer.bench.offload import (
     bench_w6,
     bench_w7,
     parse_list,
+    stage,
     warm_up,
 )
 from roseinfer.bench.vllm_peer import (
     engine_args,
     exit_peer_process,
+    limit_flags,
     model_dir,
     peer_parser,
     remove_model_dir,
+    run_peer,
     set_vllm_env,
     write_peer_report,
 )
+from roseinfer.config import EngineConfig
 from roseinfer.entrypoints.arg_types import non_negative_float, positive_int
+
+
+def peer_command(
+    args: argparse.Namespace, model: str, vocab: int, config: EngineConfig, name: str, path: str
+) -> list[str]:
+    """The `offload_vllm` command for one configuration, the workloads and points roseinfer ran, under the limits
+    its engine ran with."""
+    cmd = [sys.executable, "-m", "roseinfer.bench.offload_vllm", "--model", model, "--vocab-size", str(vocab)]
+    cmd += [*limit_flags(config), "--config", name, "--workload", args.workload]
+    cmd += ["--kv-offloading-size", str(args.kv_offloading_size)]
+    cmd += ["--hit-rates", ",".join(map(str, args.hit_rates)), "--outputs", ",".join(map(str, args.outputs))]
+    for flag, value in (
+        ("--num-requests", args.num_requests),
+        ("--prompt-len", args.prompt_len),
+        ("--output-len", args.output_len),
+    ):
+        if value is not None:
+            cmd += [flag, str(value)]
+    cmd += ["--seed", str(args.seed), "--json", path]
+    return cmd + (["--no-progress"] if args.no_progress else [])
+
+
+def run_vllm(
+    args: argparse.Namespace,
+    model: str,
+    vocab: int,
+    config: EngineConfig,
+    workloads: list[str],
+    save: Callable[[dict[str, Any]], None] = lambda peer: None,
+) -> dict[str, Any]:
+    """Each configuration through vLLM, in a process of its own (a fresh engine and CPU pool each, as roseinfer's).
+    Its rows by workload and configuration; "error" holds the first failure (the others still run). `save` runs
+    after each configuration, given the dict filled so far."""
+    peer: dict[str, Any] = {"version": None, "results": {w: {} for w in workloads}, "configs": {}}
+    for name in args.configs:
+        t0 = time.perf_counter()
+        ran = run_peer(lambda path, name=name: peer_command(args, model, vocab, config, name, path))
+        if "error" in ran:
+            print(ran["error"], flush=True)
+            peer.setdefault("error", ran["error"])
+            continue
+        peer["version"] = ran["version"]
+        peer["configs"][name] = {k: v for k, v in ran.items() if k != "results"}
+        rates = []
+        for w in workloads:
+            peer["results"][w][name] = ran["results"][w]
+            rates += [f"{r['req_per_s']:.2f}" for r in ran["results"][w]]
+        stage(f"vLLM {name}: done", t0, "req/s " + ", ".join(rates))
+        save(peer)
+    return peer
 
 
 def vllm_engine_args(args: argparse.Namespace, directory: str) -> dict[str, Any]:
