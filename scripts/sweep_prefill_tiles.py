@@ -32,9 +32,19 @@ CASES = {
     "2 x 96 over 1000": [(96, 1000), (96, 1000)],
     "1 x 640 fresh": [(640, 0)],
     "1 x 1000 fresh": [(1000, 0)],
+    "1 x 1024 fresh": [(1024, 0)],
+    # a mixed graph's 1024-token bucket (llama-3.1-8b's largest) holding several short chunks
+    "8 x 128 fresh": [(128, 0)] * 8,
+    "4 x 256 over 1000": [(256, 1000)] * 4,
     # W7's chunks (1024-token steps over 10240-token prompts), where vLLM's FA3 ran the prefill faster
     "1 x 1024 over 4096": [(1024, 4096)],
     "1 x 1024 over 9216": [(1024, 9216)],
+    # where LONG_TILE starts to pay (prefill_plan.LONG_PREFIX_RATIO, LONG_TILE_WAVES)
+    "1 x 1024 over 1024": [(1024, 1024)],
+    "1 x 1024 over 2048": [(1024, 2048)],
+    "1 x 2048 fresh": [(2048, 0)],
+    "2 x 2048 fresh": [(2048, 0)] * 2,
+    "1 x 4096 fresh": [(4096, 0)],
 }
 
 

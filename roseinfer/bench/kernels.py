@@ -277,7 +277,9 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
                 f"target: decode attention {row['model']} reads KV at {pct:.1f}% of copy bandwidth"
                 f" (>= {DECODE_MIN_PCT_OF_COPY:.0f}%): {verdict}"
             )
-        elif row["kernel"] == "paged_prefill":
+        elif (
+            row["kernel"] == "paged_prefill" and "vs_sdpa" in row
+        ):  # fresh prompts; long-prefix rows have none
             x_sdpa = 1 / row["vs_sdpa"]
             verdict = "met" if x_sdpa <= PREFILL_MAX_X_SDPA else "MISSED"
             lines.append(

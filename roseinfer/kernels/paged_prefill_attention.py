@@ -285,8 +285,6 @@ def paged_prefill_attention(
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg_m, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype, k_cache.dtype)
-    block_n = block_n or cfg_n
     part_m = part_l = part_acc = out  # not read unless the keys are split
     counters = query_start_loc
     tile_map = tiles is not None
@@ -315,6 +313,8 @@ def paged_prefill_attention(
         block_m = prefill_block_m(head_dim, q.dtype, max_query_len, block_m)
         grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
         tiles, tile_stride = query_start_loc, 0  # not read
+    _, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype, k_cache.dtype, block_m)
+    block_n = block_n or cfg_n
     _prefill_kernel[grid](
         q,
         k_cache,

@@ -12,16 +12,42 @@ import triton
 from roseinfer.kernels._common import is_interpret, num_sms
 from roseinfer.kv.cache_dtype import is_fp8
 
+# A chunk of this many tokens or more over at least as many cached ones, or in a step of at least
+# LONG_TILE_WAVES waves of its programs, takes the 128-row tile at D=128 over a half-precision cache: each key
+# tile read serves twice the rows. Swept on an H200 at llama-3.1-8b's heads (us, 64-row tile -> LONG_TILE):
+# 1 x 1024 over 9216 cached 538 -> 464, over 4096 274 -> 239, over 2048 166 -> 147, over 1024 113 -> 102;
+# fresh 4 x 2048 483 -> 441, 1 x 2048 148 -> 136, 1 x 4096 465 -> 410. A lone fresh 1024-token chunk (two
+# waves of unequal programs) keeps the 64-row tile: 56 -> 54, but 87 -> 170 when swept first on a cold GPU.
+# Shorter chunks lose (16 x 512 fresh 184 -> 194).
+LONG_CHUNK_TOKENS = 1024
+LONG_PREFIX_RATIO = 1  # cached tokens before the chunk, per chunk token
+LONG_TILE_WAVES = 3
+LONG_TILE = (128, 128, 8, 2)
+
+
+def long_tile_applies(head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
+    """Whether a long chunk takes LONG_TILE: D=128, half-precision queries and cache, on a GPU."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    return (
+        not is_interpret() and head_dim_pad == 128 and half and (cache_dtype is None or cache_dtype == dtype)
+    )
+
 
 def prefill_config(
-    head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None
+    head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None, block_m: int | None = None
 ) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for queries of `dtype` over a cache of `cache_dtype` (default:
-    `dtype`)."""
+    `dtype`); `block_m` >= 128 asks for the long chunks' tile where it applies."""
     if is_interpret():
         return 16, 16, 4, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
+    if (
+        block_m is not None
+        and block_m >= LONG_TILE[0]
+        and long_tile_applies(head_dim_pad, dtype, cache_dtype)
+    ):
+        return LONG_TILE
     # Swept on an H100 (bf16, block size 16, scripts/sweep_prefill_tiles.py): at D=64, 233 TFLOP/s on 4 x 2k
     # fresh prompts. At D=128, 64 x 64 with 4 warps: 293 TFLOP/s on 4 x 2k (128 x 128 with 8 warps: 305) and
     # 191 on 16 x 512 (175). The 128 x 32 tile with 8 warps, the fastest in the ninth session, read 205 and 129
@@ -37,7 +63,8 @@ def prefill_config(
 
 def prefill_block_m(head_dim: int, dtype: torch.dtype, max_query_len: int, block_m: int | None = None) -> int:
     """The q tile height for chunks of up to `max_query_len` tokens: short chunks (mixed batches of decodes
-    and small prefills) would waste most of a big tile."""
+    and small prefills) would waste most of a big tile. (LONG_TILE is the planner's choice, from the step's
+    lengths: `TilePlanner.long_tile_pays`.)"""
     d_pad = max(16, triton.next_power_of_2(head_dim))
     block_m = block_m or prefill_config(d_pad, dtype)[0]
     return max(16, min(block_m, triton.next_power_of_2(max(1, max_query_len))))
@@ -67,11 +94,14 @@ class KeySplit:
     max_rows: int = SPLIT_PARTIAL_ROWS
 
 
-def key_split_for(num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> KeySplit:
-    """The engine's split policy for a model's heads. An SM holds one 8-warp program of the 128-row tile (230
-    registers a thread with the merge) and at least two of the 4-warp ones."""
+def key_split_for(
+    num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, block_m: int | None = None
+) -> KeySplit:
+    """The engine's split policy for a model's heads, at the tile `block_m` picks (`prefill_config`). An SM
+    holds one 8-warp program of the 128-row tile (230 registers a thread with the merge) and at least two of
+    the 4-warp ones."""
     d_pad = max(16, triton.next_power_of_2(head_dim))
-    _, block_n, num_warps, _ = prefill_config(d_pad, dtype)
+    _, block_n, num_warps, _ = prefill_config(d_pad, dtype, block_m=block_m)
     per_sm = 1 if num_warps >= 8 else 2
     return KeySplit(num_heads, block_n, per_sm * num_sms(device))
 
@@ -143,32 +173,66 @@ class TilePlanner:
     """A model's prefill tile maps on one device: the room key splits need, and the eager steps they pay on."""
 
     def __init__(
-        self, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, key_splits: bool = True
+        self,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        key_splits: bool = True,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.head_dim = head_dim
         self.dtype = dtype
+        self.cache_dtype = cache_dtype
         self.split = key_split_for(num_heads, head_dim, dtype, device) if key_splits else None
-        # Programs a map holds beyond one per q tile, for key splits: at most a wave's.
+        d_pad = max(16, triton.next_power_of_2(head_dim))
+        self.long_split = (  # the split policy of LONG_TILE's launches (its key tiles, its wave)
+            key_split_for(num_heads, head_dim, dtype, device, LONG_TILE[0])
+            if key_splits and long_tile_applies(d_pad, dtype, cache_dtype)
+            else None
+        )
+        # Programs a map holds beyond one per q tile, for key splits: at most a wave's (the default tile's
+        # wave is the widest).
         self.split_entries = -(-self.split.wave // num_heads) if self.split is not None else 0
 
     def capacity(self, q_tiles: int) -> int:
         return q_tiles + self.split_entries
 
+    def long_tile_pays(self, q_lens: np.ndarray, prefix_lens: np.ndarray) -> bool:
+        """Whether a step's prefill chunks (not its decodes) run faster in LONG_TILE (see LONG_CHUNK_TOKENS)."""
+        if self.long_split is None:
+            return False
+        long = q_lens >= LONG_CHUNK_TOKENS
+        if not long.any():
+            return False
+        if (prefix_lens[long] >= LONG_PREFIX_RATIO * q_lens[long]).any():
+            return True
+        programs = int((-(-q_lens // LONG_TILE[0])).sum()) * self.long_split.num_heads
+        return programs >= LONG_TILE_WAVES * self.long_split.wave
+
+    def split_at(self, block_m: int) -> KeySplit | None:
+        """The split policy at the tile `block_m` launches with (its key tiles and its wave)."""
+        return self.long_split if block_m >= LONG_TILE[0] and self.long_split is not None else self.split
+
     def tile_map(
         self, query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int, block_m: int, capacity: int
     ) -> np.ndarray:
-        return prefill_tile_map(query_start_loc, seq_lens, first_seq, block_m, capacity, self.split)
+        return prefill_tile_map(
+            query_start_loc, seq_lens, first_seq, block_m, capacity, self.split_at(block_m)
+        )
 
     def eager_map(self, query_start_loc: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, int] | None:
-        """(tile map, block_m) for an eager step whose map cuts some tile's keys (its q tiles leave most of a
-        wave free); None: the plain grid serves it as well."""
+        """(tile map, block_m) for an eager step that takes LONG_TILE or whose map cuts some tile's keys (its q
+        tiles leave most of a wave free); None: the plain grid at the default tile serves it as well."""
         q_lens = np.diff(query_start_loc.astype(np.int64))
         first = leading_decodes(q_lens)
         if self.split is None or first == len(q_lens):
             return None
-        block_m = prefill_block_m(self.head_dim, self.dtype, int(q_lens[first:].max()))
-        q_tiles = int((-(-q_lens[first:] // block_m)).sum())
+        chunks = q_lens[first:]
+        long = self.long_tile_pays(chunks, seq_lens[first : len(q_lens)].astype(np.int64) - chunks)
+        block_m = LONG_TILE[0] if long else prefill_block_m(self.head_dim, self.dtype, int(chunks.max()))
+        q_tiles = int((-(-chunks // block_m)).sum())
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
-        if not (tiles[3] > 1).any():
+        if not long and not (tiles[3] > 1).any():
             return None
         return np.ascontiguousarray(tiles[:, : int((tiles[0] >= 0).sum())]), block_m

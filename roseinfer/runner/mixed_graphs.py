@@ -111,6 +111,7 @@ class MixedGraphs:
         dtype: torch.dtype,
         max_chunks: int = MAX_CHUNKS,
         key_splits: bool = True,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.forward = held_weakly(forward)  # (ids, positions, meta) -> hidden [T, H]
         self.device = device
@@ -119,8 +120,8 @@ class MixedGraphs:
         self.max_num_seqs = max_num_seqs
         self.width = max_blocks_per_seq
         self.block_size = block_size
+        self.planner = TilePlanner(num_heads, head_dim, dtype, device, key_splits, cache_dtype)
         self.block_m = {t: prefill_block_m(head_dim, dtype, t) for t in self.sizes}
-        self.planner = TilePlanner(num_heads, head_dim, dtype, device, key_splits)
         # Every q tile of t tokens, one more per prompt chunk, and room for key splits.
         self.q_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
         self.num_tiles = {t: self.planner.capacity(n) for t, n in self.q_tiles.items()}
@@ -192,6 +193,9 @@ class MixedGraphs:
             return None
         q_lens = np.diff(step.query_start_loc)
         decodes = leading_decodes(q_lens)
+        chunks = q_lens[decodes:]
+        if self.planner.long_tile_pays(chunks, step.seq_lens[decodes : len(q_lens)] - chunks):
+            return None  # eager, in LONG_TILE: such a step's attention outweighs its launches
         block_m, n = self.block_m[size], self.num_tiles[size]
         if int((-(-q_lens[decodes:] // block_m)).sum()) > self.q_tiles[size]:
             return None

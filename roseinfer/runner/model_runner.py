@@ -90,7 +90,9 @@ class ModelRunner:
         check_fp8_cache_support(self.kv_dtype, self.device, config.attention_backend)
         # Eager steps' prefill tile maps, where short chunks over long prefixes are worth splitting by keys.
         self.tile_planner = (
-            TilePlanner(self.cfg.num_heads, self.cfg.head_dim, self.dtype, self.device)
+            TilePlanner(
+                self.cfg.num_heads, self.cfg.head_dim, self.dtype, self.device, cache_dtype=self.kv_dtype
+            )
             if self.backend.takes_tile_maps and config.prefill_key_splits
             else None
         )
@@ -259,6 +261,7 @@ class ModelRunner:
             self.dtype,
             max_chunks,
             key_splits=self.config.prefill_key_splits,
+            cache_dtype=self.kv_dtype,
         )
 
     def warm_up(self) -> None:

@@ -29,7 +29,9 @@ def test_an_engine_loading_from_its_cpu_tier_stays_within_its_share_on_gpu(tmp_p
     llm = LLM(
         two_layer_qwen(str(tmp_path)),
         load_format="dummy",
-        dtype="bfloat16",
+        # float32: the loaded round's last tokens run other kernels than the computed round's, and in bf16
+        # one near-tie of the random weights flipped a greedy token (the 4th of one of 32 prompts, on an H200)
+        dtype="float32",
         gpu_memory_utilization=UTIL,
         max_num_batched_tokens=2048,
         max_model_len=4096,

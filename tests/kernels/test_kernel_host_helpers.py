@@ -210,6 +210,11 @@ def test_compiled_tile_configs_are_dot_tiles(monkeypatch: pytest.MonkeyPatch) ->
     for d in (16, 32, 64, 128, 256):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for cache in (dtype, torch.float8_e4m3fn, torch.float8_e5m2):
+                for m in (None, 64, 128):
+                    m_tile, n_tile, m_warps, m_stages = prefill_plan.prefill_config(d, dtype, cache, m)
+                    for tile in (m_tile, n_tile):
+                        assert tile >= 16 and tile & (tile - 1) == 0, (d, dtype, cache, m)
+                    assert m_warps in (4, 8) and m_stages >= 1
                 block_m, block_n, warps, stages = prefill_plan.prefill_config(d, dtype, cache)
                 dec_n, dec_warps, dec_stages = paged_decode_split.decode_config(d, dtype, cache)
                 for tile in (block_m, block_n, dec_n):

@@ -10,6 +10,10 @@ import torch
 
 from roseinfer.kernels import prefill_plan
 from roseinfer.kernels.prefill_plan import (
+    LONG_CHUNK_TOKENS,
+    LONG_PREFIX_RATIO,
+    LONG_TILE,
+    LONG_TILE_WAVES,
     MAX_KEY_SPLITS,
     TILE_ROWS,
     KeySplit,
@@ -233,3 +237,75 @@ def test_key_split_matches_the_compiled_tile(monkeypatch: pytest.MonkeyPatch, he
     _, block_n, num_warps, _ = prefill_config(head_dim, dtype)
     assert (split.num_heads, split.block_n) == (40, block_n)
     assert split.wave == 132 * (1 if num_warps == 8 else 2)
+
+
+def test_the_long_tile_is_configured_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, a 128-row tile at D=128 over a half-precision cache launches as LONG_TILE; other tiles, head
+    sizes and fp8 caches keep their configs, and the default tile height stays the 64-row one."""
+    monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
+    assert prefill_config(128, torch.bfloat16, torch.bfloat16, 128) == LONG_TILE
+    assert prefill_config(128, torch.float16, None, 256) == LONG_TILE
+    assert prefill_config(128, torch.bfloat16, torch.bfloat16, 64) == prefill_config(128, torch.bfloat16)
+    assert prefill_config(128, torch.bfloat16, torch.float8_e5m2, 128) == (64, 64, 4, 3)
+    assert prefill_config(64, torch.bfloat16, None, 128) == prefill_config(64, torch.bfloat16)
+    assert prefill_config(128, torch.float32, None, 128) == prefill_config(128, torch.float32)
+    assert prefill_block_m(128, torch.bfloat16, 9000) == 64
+
+
+def _long_planner(monkeypatch: pytest.MonkeyPatch, num_heads: int = 32, **kwargs) -> TilePlanner:
+    monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    return TilePlanner(
+        num_heads, kwargs.pop("head_dim", 128), kwargs.pop("dtype", torch.bfloat16), CPU, **kwargs
+    )
+
+
+def test_the_long_tile_pays_for_long_chunks_over_long_prefixes_or_many_waves(monkeypatch) -> None:
+    """LONG_TILE for a chunk of LONG_CHUNK_TOKENS or more over LONG_PREFIX_RATIO times as many cached tokens, or
+    for a step of LONG_TILE_WAVES waves of its programs (one an SM); not for a lone fresh 1024-token chunk,
+    shorter chunks over any prefix, or where the tile does not apply (fp32, fp8 cache, D=64, no planner split)."""
+    planner = _long_planner(monkeypatch)
+    n = LONG_CHUNK_TOKENS
+
+    def pays(q_lens: list[int], prefixes: list[int], p: TilePlanner = planner) -> bool:
+        return p.long_tile_pays(np.array(q_lens), np.array(prefixes))
+
+    assert pays([n], [9216]) and pays([n], [4096]) and pays([n], [LONG_PREFIX_RATIO * n])
+    assert pays([5, n + 1, 70], [0, LONG_PREFIX_RATIO * (n + 1), 3]) and pays([2048], [4096])
+    assert not pays([n], [0]) and not pays([n], [LONG_PREFIX_RATIO * n - 1]) and not pays([n - 1], [100_000])
+    assert not pays([n, 512], [0, 100_000])  # the long prefix is under a short chunk
+    assert pays([n, 512], [n, 0]) and not pays([n, 512], [n - 1, 0])
+    # fresh 2048-token chunks: 16 q tiles each at 32 heads, 512 programs >= 3 waves of 132; 1024: 256, fewer
+    waves = LONG_TILE_WAVES * 132
+    assert pays([2048] * 4, [0] * 4) and pays([2048], [0]) and not pays([n], [0])
+    q_tiles = -(-waves // 32)
+    assert pays([n] + [128] * (q_tiles - 8), [0] * (q_tiles - 7))
+    assert not pays([n] + [128] * (q_tiles - 9), [0] * (q_tiles - 8))
+    for other in (
+        _long_planner(monkeypatch, dtype=torch.float32),
+        _long_planner(monkeypatch, cache_dtype=torch.float8_e4m3fn),
+        _long_planner(monkeypatch, head_dim=64),
+        _long_planner(monkeypatch, key_splits=False),
+    ):
+        assert not pays([n], [9216], other) and not pays([2048] * 8, [0] * 8, other)
+
+
+def test_an_eager_step_in_the_long_tile_gets_its_map(monkeypatch: pytest.MonkeyPatch) -> None:
+    """W7's chunk (1024 new tokens over 9216 cached, after decodes) at llama-3.1-8b's heads: the eager map is
+    LONG_TILE's, its 8 q tiles a head more than a wave of one 8-warp program an SM, so no key is cut. A lone
+    fresh chunk keeps the plain grid. At 8 heads the long chunk's tiles leave most of the wave free: its keys
+    are cut, within LONG_TILE's wave."""
+    planner = _long_planner(monkeypatch)
+    assert planner.long_split == KeySplit(32, LONG_TILE[1], 132)
+    assert planner.split_at(128) is planner.long_split and planner.split_at(64) is planner.split
+    qsl, lens = np.array([0, 1, 2, 2 + 1024]), np.array([50, 700, 1024 + 9216])
+    got = planner.eager_map(qsl, lens)
+    assert got is not None and got[1] == LONG_TILE[0]
+    tiles = got[0]
+    assert tiles.shape[1] == 8 and (tiles[0] == 2).all() and (tiles[3] == 1).all()
+    assert sorted(tiles[1]) == list(range(8))
+    assert planner.eager_map(np.array([0, 1024]), np.array([1024])) is None
+    few = _long_planner(monkeypatch, num_heads=8)
+    got = few.eager_map(np.array([0, 1024]), np.array([1024 + 60_000]))
+    assert got is not None and got[1] == LONG_TILE[0]
+    assert (got[0][3] == 2).all() and got[0].shape[1] * 8 <= 132  # 16 programs a head: one wave

@@ -150,3 +150,21 @@ def test_pending_ids_come_from_the_previous_step_and_touch_no_other_row(prev_len
     assert (forward.calls[-1]["ids"][7:] == 0).all()
     run(g, step([1, 5]))  # nothing pending: stale fill entries of the step before must not apply
     assert forward.calls[-1]["ids"][:6].tolist() == [10 + r for r in range(6)]
+
+
+def test_a_step_that_pays_for_the_long_tile_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At llama-3.1-8b's heads on a GPU, a 1024-token chunk over 9216 cached tokens takes LONG_TILE, which the
+    graphs (captured at the 64-row tile) do not hold: it runs eagerly. The same chunk fresh stays in a graph."""
+    from dataclasses import replace
+
+    from roseinfer.kernels import prefill_plan
+
+    monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    g = MixedGraphs(Forward(), CPU, 1040, MAX_SEQS, 700, 16, 32, 128, torch.bfloat16, 2)
+    g.graphs = {s: (None, None) for s in g.sizes}
+    fresh = step([1, 1024], width=700)
+    assert size_of(g, fresh) == 1040 and g.block_m[1040] == 64
+    over_prefix = replace(fresh, seq_lens=np.array([50, 1024 + 9216], np.int32))
+    assert size_of(g, over_prefix) is None
+    assert size_of(g, replace(fresh, seq_lens=np.array([50, 1024 + 1023], np.int32))) == 1040
