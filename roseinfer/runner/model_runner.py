@@ -88,14 +88,11 @@ class ModelRunner:
             self.model.one_token_gemv = config.one_token_gemv
         self.backend = get_backend(config.attention_backend)
         check_fp8_cache_support(self.kv_dtype, self.device, config.attention_backend)
-        # Eager steps' prefill tile maps, where short chunks over long prefixes are worth splitting by keys.
-        self.tile_planner = (
-            TilePlanner(
-                self.cfg.num_heads, self.cfg.head_dim, self.dtype, self.device, cache_dtype=self.kv_dtype
-            )
-            if self.backend.takes_tile_maps and config.prefill_key_splits
-            else None
-        )
+        # Eager steps' prefill tile maps: key splits for short chunks over long prefixes, the long chunks' tile.
+        self.tile_planner: TilePlanner | None = None
+        if self.backend.takes_tile_maps and config.prefill_key_splits:
+            heads, dim = self.cfg.num_heads, self.cfg.head_dim
+            self.tile_planner = TilePlanner(heads, dim, self.dtype, self.device, cache_dtype=self.kv_dtype)
         if (
             config.fold_norms
             and self.backend.defers_norm

@@ -14,15 +14,7 @@ from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
-from roseinfer.kernels.prefill_plan import (  # noqa: E402
-    LONG_CHUNK_TOKENS,
-    LONG_TILE,
-    TILE_ROWS,
-    KeySplit,
-    TilePlanner,
-    key_split_for,
-    prefill_tile_map,
-)
+from roseinfer.kernels.prefill_plan import TILE_ROWS, KeySplit, key_split_for, prefill_tile_map  # noqa: E402
 from tests.kernels.kernel_utils import (  # noqa: E402
     DEVICE,
     DTYPE_IDS,
@@ -414,34 +406,6 @@ def test_prefill_tile_map_gpu(
         split=split,
     )  # fmt: skip
     assert not key_split or (tiles[3] > 1).any(), "no tile's keys were cut"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=DTYPE_IDS.get)
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(32, 8), (8, 8)], ids=["llama8b", "mha8"])
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_prefill_long_chunks_take_the_long_tile_gpu(
-    dtype: torch.dtype, num_heads: int, num_kv_heads: int, block_size: int
-) -> None:
-    """LONG_TILE (128 x 128, 8 warps) at D=128: chunks of LONG_CHUNK_TOKENS or more over long odd prefixes,
-    past block and tile boundaries, beside short chunks and decodes; through the plain grid and through the
-    map the planner gives such an eager step (whose keys it cuts at 8 heads)."""
-    q_lens = [LONG_CHUNK_TOKENS, 1, 1537, 70, 2047]
-    prefix_lens = [9215, 5000, 0, 3001, 129]
-    _run(
-        q_lens, prefix_lens, block_size, num_heads, num_kv_heads, 128, dtype, "long", LONG_TILE[0], pad_rows=3
-    )
-    planner = TilePlanner(num_heads, 128, dtype, DEVICE)
-    q_lens, prefix_lens = [1, 1, LONG_CHUNK_TOKENS], [700, 33, 20_001]
-    starts = np.concatenate([[0], np.cumsum(q_lens)])
-    planned = planner.eager_map(starts, np.add(q_lens, prefix_lens))
-    assert planned is not None and planned[1] == LONG_TILE[0]
-    tiles = _run_tile_map(
-        q_lens, prefix_lens, num_heads, num_kv_heads, 128, dtype, LONG_TILE[0], 2, spare=planner.split_entries,
-        block_size=block_size, pad_rows=2, split=planner.long_split,
-    )  # fmt: skip
-    assert (tiles[:, : planned[0].shape[1]] == planned[0]).all()
-    assert num_heads > 8 or (tiles[3] > 1).any(), "no tile's keys were cut"
 
 
 @pytest.mark.gpu
