@@ -137,8 +137,12 @@ def test_bench_throughput_takes_the_admission_policy_and_budget(capsys, tmp_path
     ]  # fmt: skip
     assert main(argv) == 0
     line = r"^Scheduler: lof, 24 tokens a step, \d+ sequences; KV cache auto, \d+ blocks$"
-    assert re.search(line, capsys.readouterr().out, re.M)
+    printed = capsys.readouterr().out
+    assert re.search(line, printed, re.M)
+    # the CPU's steps: no key splits or long-chunk tile (the interpreter's tile only)
+    assert re.search(r"; 0 with prefill keys split, 0 in the long chunks' prefill tile$", printed, re.M)
     saved = json.loads(out_json.read_text())["results"]["continuous"]
+    assert saved["extra"]["step_paths"]["long_tile"] == 0
     assert saved["extra"]["scheduler"]["policy"] == "lof"
     assert saved["extra"]["scheduler"]["max_num_batched_tokens"] == 24
     wl = build_workload("W2", 32000, num_requests=5, max_prompt_len=20, max_output_len=7)

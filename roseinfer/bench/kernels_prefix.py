@@ -69,6 +69,8 @@ def bench_prefix_chunk(
     tiles = torch.from_numpy(planned[0]).to(device) if planned else None
     block_m = planned[1] if planned else None
     split_rows = SPLIT_PARTIAL_ROWS if planned else 0
+    # the tile the eager step launches (LONG_TILE's 128 rows for W7's chunks) and its most key splits a tile
+    plan = f"block_m={block_m or 'default'} splits={int(planned[0][3].max()) if planned else 1}"
     out = torch.empty_like(q)
 
     def ours() -> None:
@@ -122,7 +124,7 @@ def bench_prefix_chunk(
         {
             "kernel": name,
             "model": "llama-3.1-8b",
-            "shape": shape + (f" splits={bool(planned)}" if name == "paged_prefill" else ""),
+            "shape": shape + (f" {plan}" if name == "paged_prefill" else ""),
             "ms": ms,
             "tflops": flops / (ms * 1e-3) / 1e12,
             "x_ours": ms / times["paged_prefill"],

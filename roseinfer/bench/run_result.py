@@ -65,7 +65,8 @@ class RunResult:
             lines.append(
                 f"Steps: {paths['decode_graph']} decode graphs, {paths['mixed_graph']} mixed-step graphs "
                 f"(up to {s.get('mixed_graph_max_tokens', 0)} tokens), {paths['eager']} eager; "
-                f"{paths.get('key_split', 0)} with prefill keys split"
+                f"{paths.get('key_split', 0)} with prefill keys split, {paths.get('long_tile', 0)} in the long "
+                "chunks' prefill tile"
             )
         return lines
 

@@ -12,7 +12,7 @@ from roseinfer.attention.backend import get_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import EngineConfig
 from roseinfer.kernels.pdl import pdl_supported
-from roseinfer.kernels.prefill_plan import TilePlanner
+from roseinfer.kernels.prefill_plan import LONG_TILE, TilePlanner
 from roseinfer.kv.cache_dtype import check_fp8_cache_support, resolve_kv_cache_dtype
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
@@ -119,7 +119,7 @@ class ModelRunner:
         self.mixed_graph_max_tokens = min(cap, config.scheduler.max_num_batched_tokens)
         # Steps launched by each path: decode graph, mixed-step graph, eager; and of the last two, those
         # whose prefill attention cut some chunk's keys across programs.
-        self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0}
+        self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0, "long_tile": 0}
         self.sampling = SamplingState(
             self.cfg.vocab_size, self.device, config.seed, config.scheduler.max_num_seqs
         )
@@ -305,7 +305,9 @@ class ModelRunner:
                 tiles = None
                 if self.tile_planner is not None and step.max_query_len > 1:
                     tiles = self.tile_planner.eager_map(step.query_start_loc, step.seq_lens)
-                    self.step_paths["key_split"] += tiles is not None
+                    if tiles is not None:  # a map that cuts keys, or LONG_TILE's (which may not)
+                        self.step_paths["key_split"] += bool((tiles[0][3] > 1).any())
+                        self.step_paths["long_tile"] += tiles[1] >= LONG_TILE[0]
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled, tiles)
             rows = step.sample_rows.tolist()
             sched = out.scheduled

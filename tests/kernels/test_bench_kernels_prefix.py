@@ -54,6 +54,7 @@ def test_each_kernel_matches_sdpa_on_the_same_chunk(monkeypatch, chunk: int, pre
         prefix, gen, lambda fn: (fn(), next(times))[1], chunk=chunk, heads=(4, 2, 32)
     )
     assert [r["kernel"] for r in rows] == ["paged_prefill", "sdpa_flash", "vllm_fa3"]
+    assert rows[0]["shape"].endswith(" block_m=default splits=1")  # the interpreter plans no map
     for row in rows:
         assert row["max_abs_err_vs_sdpa"] < 2e-2, row
     assert [r["x_ours"] for r in rows] == [1.0, 0.5, 2.0]
