@@ -117,8 +117,8 @@ class ModelRunner:
         cap = auto_mixed_graph_max_tokens(self.cfg) if cap is None else cap
         # The largest step with prefill work that replays a graph (where graphs are captured at all).
         self.mixed_graph_max_tokens = min(cap, config.scheduler.max_num_batched_tokens)
-        # Steps launched by each path: decode graph, mixed-step graph, eager; and of the last two, those
-        # whose prefill attention cut some chunk's keys across programs.
+        # Steps launched by each path: decode graph, mixed-step graph, eager; of the last two, those whose
+        # prefill attention cut some chunk's keys across programs; of the eager ones, those in LONG_TILE.
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0, "long_tile": 0}
         self.sampling = SamplingState(
             self.cfg.vocab_size, self.device, config.seed, config.scheduler.max_num_seqs
