@@ -183,7 +183,6 @@ class TilePlanner:
     ) -> None:
         self.head_dim = head_dim
         self.dtype = dtype
-        self.cache_dtype = cache_dtype
         self.split = key_split_for(num_heads, head_dim, dtype, device) if key_splits else None
         d_pad = max(16, triton.next_power_of_2(head_dim))
         self.long_split = (  # the split policy of LONG_TILE's launches (its key tiles, its wave)
