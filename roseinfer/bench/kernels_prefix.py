@@ -54,7 +54,7 @@ def bench_prefix_chunk(
     from roseinfer.bench.device import sync
     from roseinfer.bench.kernels import _paged_cache
     from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
-    from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, TilePlanner
+    from roseinfer.kernels.prefill_plan import TilePlanner, partial_rows
 
     num_heads, num_kv_heads, head_dim = heads
     dtype, device = torch.bfloat16, gen.device
@@ -68,7 +68,7 @@ def bench_prefix_chunk(
     planned = TilePlanner(num_heads, head_dim, dtype, device).eager_map(qsl_np, lens_np)
     tiles = torch.from_numpy(planned[0]).to(device) if planned else None
     block_m = planned[1] if planned else None
-    split_rows = SPLIT_PARTIAL_ROWS if planned else 0
+    split_rows = partial_rows(planned[0]) if planned else 0
     # the tile the eager step launches (LONG_TILE's 128 rows for W7's chunks) and its most key splits a tile
     plan = f"block_m={block_m or 'default'} splits={int(planned[0][3].max()) if planned else 1}"
     out = torch.empty_like(q)

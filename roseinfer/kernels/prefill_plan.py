@@ -164,6 +164,12 @@ def prefill_tile_map(
     return tiles
 
 
+def partial_rows(tiles: np.ndarray) -> int:
+    """The `split_rows` a map's launch takes: SPLIT_PARTIAL_ROWS where it cuts some tile's keys, else 0, which
+    launches the kernel variant without the partials' writes and merge."""
+    return SPLIT_PARTIAL_ROWS if bool((tiles[3] > 1).any()) else 0
+
+
 def leading_decodes(q_lens: np.ndarray) -> int:
     """How many sequences at the front have one new token (decode-first puts the decodes there)."""
     return len(q_lens) if (q_lens == 1).all() else int(np.argmax(q_lens != 1))

@@ -11,7 +11,7 @@ import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.kernels.paged_decode_split import decode_order
-from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS, leading_decodes
+from roseinfer.kernels.prefill_plan import leading_decodes, partial_rows
 from roseinfer.scheduler.scheduler import SchedulerOutput
 
 
@@ -244,5 +244,5 @@ def upload_step(
         decode_order=order if len(step.decode_order) else None,
     )
     if tiles is not None:
-        meta.prefill_tiles, meta.tile_block_m, meta.split_rows = tile_map[0], tiles[1], SPLIT_PARTIAL_ROWS
+        meta.prefill_tiles, meta.tile_block_m, meta.split_rows = tile_map[0], tiles[1], partial_rows(tiles[0])
     return ids, pos, meta, logits_index

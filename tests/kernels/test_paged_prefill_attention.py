@@ -14,7 +14,13 @@ from roseinfer.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
-from roseinfer.kernels.prefill_plan import TILE_ROWS, KeySplit, key_split_for, prefill_tile_map  # noqa: E402
+from roseinfer.kernels.prefill_plan import (  # noqa: E402
+    TILE_ROWS,
+    KeySplit,
+    key_split_for,
+    partial_rows,
+    prefill_tile_map,
+)
 from tests.kernels.kernel_utils import (  # noqa: E402
     DEVICE,
     DTYPE_IDS,
@@ -181,10 +187,12 @@ def _run_tile_map(
     block_size: int = 16,
     pad_rows: int = 0,
     split: KeySplit | None = None,
+    eager: bool = False,
 ) -> np.ndarray:
     """The tile-map launch (a CUDA graph's fixed grid, `spare` idle programs) against the reference, for
     sequences first_seq.. (the earlier ones are decodes, left to the decode kernel). With `split`, the map
-    may cut tiles' keys across programs. Returns the tile map."""
+    may cut tiles' keys across programs; `eager`: partial rows only where it does, as an eager step launches
+    it. Returns the tile map."""
     gen = generator("prefill-tiles", q_lens, prefix_lens, num_heads, num_kv_heads, head_dim, dtype, block_m)
     seq_lens = [p + n for p, n in zip(q_lens, prefix_lens, strict=True)]
     cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
@@ -209,7 +217,7 @@ def _run_tile_map(
     )
     out = torch.full_like(q, float("nan"))
     # max_query_len and first_seq are deliberately wrong: a tile-map launch must not read them.
-    split_rows = split.max_rows if split is not None else 0
+    split_rows = 0 if split is None else partial_rows(host_tiles) if eager else split.max_rows
     # Key splits write partials that must not reach the output: leave them garbage (NaN) before the launch.
     paged_prefill_attention(
         q, *args[:5], 1, args[6], out=out, block_m=block_m, tiles=tiles, split_rows=split_rows

@@ -23,7 +23,8 @@ def test_prefill_long_chunks_take_the_long_tile_gpu(
 ) -> None:
     """LONG_TILE (128 x 128, 8 warps) at D=128: chunks of LONG_CHUNK_TOKENS or more over long odd prefixes,
     past block and tile boundaries, beside short chunks and decodes; through the plain grid and through the
-    map the planner gives such an eager step (whose keys it cuts at 8 heads)."""
+    map the planner gives such an eager step (whose keys it cuts at 8 heads; at 32 it launches the kernel
+    without the merge)."""
     q_lens = [LONG_CHUNK_TOKENS, 1, 1537, 70, 2047]
     prefix_lens = [9215, 5000, 0, 3001, 129]
     _run(
@@ -36,7 +37,7 @@ def test_prefill_long_chunks_take_the_long_tile_gpu(
     assert planned is not None and planned[1] == LONG_TILE[0]
     tiles = _run_tile_map(
         q_lens, prefix_lens, num_heads, num_kv_heads, 128, dtype, LONG_TILE[0], 2, spare=planner.split_entries,
-        block_size=block_size, pad_rows=2, split=planner.long_split,
+        block_size=block_size, pad_rows=2, split=planner.long_split, eager=True,
     )  # fmt: skip
     assert (tiles[:, : planned[0].shape[1]] == planned[0]).all()
     assert num_heads > 8 or (tiles[3] > 1).any(), "no tile's keys were cut"

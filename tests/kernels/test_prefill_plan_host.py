@@ -15,11 +15,13 @@ from roseinfer.kernels.prefill_plan import (
     LONG_TILE,
     LONG_TILE_WAVES,
     MAX_KEY_SPLITS,
+    SPLIT_PARTIAL_ROWS,
     TILE_ROWS,
     KeySplit,
     TilePlanner,
     key_split_for,
     leading_decodes,
+    partial_rows,
     prefill_block_m,
     prefill_config,
     prefill_tile_map,
@@ -304,8 +306,10 @@ def test_an_eager_step_in_the_long_tile_gets_its_map(monkeypatch: pytest.MonkeyP
     tiles = got[0]
     assert tiles.shape[1] == 8 and (tiles[0] == 2).all() and (tiles[3] == 1).all()
     assert sorted(tiles[1]) == list(range(8))
+    assert partial_rows(tiles) == 0  # no cut key: the launch needs no partials and no merge
     assert planner.eager_map(np.array([0, 1024]), np.array([1024])) is None
     few = _long_planner(monkeypatch, num_heads=8)
     got = few.eager_map(np.array([0, 1024]), np.array([1024 + 60_000]))
     assert got is not None and got[1] == LONG_TILE[0]
     assert (got[0][3] == 2).all() and got[0].shape[1] * 8 <= 132  # 16 programs a head: one wave
+    assert partial_rows(got[0]) == SPLIT_PARTIAL_ROWS

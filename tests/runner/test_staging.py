@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from roseinfer.kernels.prefill_plan import SPLIT_PARTIAL_ROWS
 from roseinfer.runner.inputs import ALIGN, Staging, build_host_step, upload_step
 from roseinfer.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 
@@ -53,3 +54,18 @@ def test_step_sends_the_decode_rows_longest_first(contexts, q_lens, want) -> Non
         assert meta.decode_order is not None and meta.decode_order.tolist() == want
     else:
         assert meta.decode_order is None
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_map_takes_partial_rows_only_where_it_cuts_keys(cut: bool) -> None:
+    """A tile map sent with the step: the launch gets partial rows (the kernel's merge variant) only where some
+    tile's keys are split across programs."""
+    out = SchedulerOutput([_scheduled(0, 6)])
+    step = build_host_step(out, block_size=4)
+    # rows: sequence, q tile, key split, splits, first partial row; one program, or the tile's keys cut in two
+    one = [[0], [0], [0], [1], [0]]
+    tiles = np.array([[0, 0], [0, 0], [0, 1], [2, 2], [0, 0]] if cut else one, np.int32)
+    _, _, meta, _ = upload_step(step, Staging(torch.device("cpu")), tiles=(tiles, 64))
+    assert meta.tile_block_m == 64 and meta.prefill_tiles is not None
+    np.testing.assert_array_equal(meta.prefill_tiles.numpy(), tiles)
+    assert meta.split_rows == (SPLIT_PARTIAL_ROWS if cut else 0)
