@@ -47,10 +47,16 @@ class AttentionBackend(ABC):
         return self.defers_norm
 
     def warm_up(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        num_heads: int,
+        dtype: torch.dtype,
+        long_tile: bool = False,
     ) -> None:
         """Compile, before serving, kernel variants that steps would otherwise meet first mid-run (queries of
-        `dtype`, the model's); reads the cache, writes nothing to it. Nothing to do by default."""
+        `dtype`, the model's; `long_tile`: the tile planner may launch LONG_TILE); reads the cache, writes
+        nothing to it. Nothing to do by default."""
         return None
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

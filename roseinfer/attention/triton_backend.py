@@ -25,6 +25,7 @@ from roseinfer.kernels.kv_store import store_kv
 from roseinfer.kernels.paged_decode_attention import paged_decode_attention
 from roseinfer.kernels.paged_decode_split import MAX_SPLITS, choose_num_splits
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
+from roseinfer.kernels.prefill_plan import LONG_TILE, SPLIT_PARTIAL_ROWS
 from roseinfer.kernels.rotary import apply_rotary_and_store_kv
 from roseinfer.profiling import record
 
@@ -154,12 +155,20 @@ class TritonAttentionBackend(AttentionBackend):
         return head_dim < 128 or batch <= 128
 
     def warm_up(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        num_heads: int,
+        dtype: torch.dtype,
+        long_tile: bool = False,
     ) -> None:
         """The decode kernel of mixed steps picks its split count from the step's decodes, and each
         power-of-two bucket of it is a kernel variant: compile them all now. (Before this, and before the
         kernel stopped specialising on the split count and the block-table width, a fresh H200 compiled
-        two variants inside W2's timed run and lost a fifth of its throughput to them.)"""
+        two variants inside W2's timed run and lost a fifth of its throughput to them.) `long_tile`: the
+        planner gives long chunks LONG_TILE's maps, whose two variants compile too (`warm_up_long_tile`)."""
+        if long_tile:
+            warm_up_long_tile(k_cache, v_cache, num_heads, dtype)
         device = k_cache.device
         head_dim = k_cache.shape[-1]
         q = torch.zeros((1, num_heads, head_dim), dtype=dtype, device=device)
@@ -173,6 +182,38 @@ class TritonAttentionBackend(AttentionBackend):
 
     def copy_blocks(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
         copy_blocks(kv_cache, src, dst)
+
+
+def warm_up_long_tile(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
+) -> None:
+    """LONG_TILE's tile-map launches, of a map that cuts no key and of one that does (the kernel with the merge):
+    eager steps meet them first, and cold each compiles for seconds (1.4 s and 3.5 s on an H200), while every
+    request in the step waits. One 128-row chunk over 128 cached keys, whose two key tiles the second map cuts
+    in two; reads block 0 of the cache, writes nothing to it."""
+    device = k_cache.device
+    rows = LONG_TILE[0]
+    q = torch.zeros((rows, num_heads, k_cache.shape[-1]), dtype=dtype, device=device)
+    qsl = torch.tensor([0, rows], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor([2 * rows], dtype=torch.int32, device=device)
+    table = torch.zeros((1, -(-2 * rows // k_cache.shape[1])), dtype=torch.int32, device=device)
+    whole = [[0], [0], [0], [1], [0]]  # rows: sequence, q tile, key split, splits, first partial row
+    halves = [[0, 0], [0, 0], [0, 1], [2, 2], [0, 0]]
+    for tiles, split_rows in ((whole, 0), (halves, SPLIT_PARTIAL_ROWS)):
+        tile_map = torch.tensor(tiles, dtype=torch.int32, device=device)
+        paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            table,
+            qsl,
+            seq_lens,
+            rows,
+            1.0,
+            block_m=rows,
+            tiles=tile_map,
+            split_rows=split_rows,
+        )
 
 
 register_backend("triton", TritonAttentionBackend)

@@ -265,9 +265,9 @@ class ModelRunner:
         """Compile the attention kernel variants later steps could meet first (after allocate_kv_cache)."""
         assert self.kv_cache is not None
         if self.device.type == "cuda":
-            self.backend.warm_up(
-                self.kv_cache[:, 0, 0], self.kv_cache[:, 0, 1], self.cfg.num_heads, self.dtype
-            )
+            long_tile = self.tile_planner is not None and self.tile_planner.long_split is not None
+            kv = self.kv_cache[:, 0]
+            self.backend.warm_up(kv[:, 0], kv[:, 1], self.cfg.num_heads, self.dtype, long_tile)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """All copy-on-write copies of a step in one batched operation (a block spans every layer)."""

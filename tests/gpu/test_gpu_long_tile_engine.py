@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from roseinfer import LLM, SamplingParams
+from roseinfer.bench.jit_watch import watch_triton_compiles
 from tests.engine.test_prompt_logprobs import reference
 from tests.gpu.conftest import free_gpu
 from tests.models.test_hf_parity import random_prompts
@@ -19,6 +20,8 @@ pytestmark = pytest.mark.gpu
 CHUNK = 1024
 PROMPT = 4 * CHUNK + 4  # three long-tile chunks after the first, then 4 tokens
 HIDDEN = 256
+# How Triton's compile hook names a prefill kernel variant of 128-row tiles.
+LONG_VARIANT = "BLOCK_M: ('constexpr', 128)"
 
 
 def save_model(directory: str, num_heads: int, num_kv_heads: int) -> int:
@@ -89,9 +92,18 @@ def test_long_tile_prompt_logprobs_match_a_float32_forward(
     del ref_engine
     free_gpu()
 
-    long_errors, paths = served_errors(engine(directory, "bfloat16", "triton"), prompt, ref)
+    with watch_triton_compiles() as at_start:
+        llm = engine(directory, "bfloat16", "triton")
+    with watch_triton_compiles() as serving:
+        long_errors, paths = served_errors(llm, prompt, ref)
     assert paths["long_tile"] == 3, paths
-    assert (paths["key_split"] > 0) == (num_heads == 4), paths
+    # At the default tile the 4-token last chunk over 4,096 cached tokens cuts its keys at either head count,
+    # and the first (fresh) chunk's 16 q tiles a head fill no wave at 4 heads; the long chunks cut at 4 only.
+    assert paths["key_split"] == (5 if num_heads == 4 else 1), paths
+    # The long tile's variants compile at start-up (warm_up_long_tile), not while a step waits on them.
+    assert sum(LONG_VARIANT in v for v in at_start.variants) == 2, at_start.variants
+    assert not any(LONG_VARIANT in v for v in serving.variants), serving.variants
+    del llm
     free_gpu()
     plain_errors, plain_paths = served_errors(
         engine(directory, "bfloat16", "triton", key_splits=False), prompt, ref

@@ -252,13 +252,17 @@ def test_backend_decode_cuda_graph() -> None:
     torch.testing.assert_close(static_out.float(), second.expected(), atol=atol, rtol=rtol)
 
 
-def test_warm_up_reads_the_cache_and_writes_nothing() -> None:
-    """The warm-up runs the mixed-step decode kernel once per split bucket on block 0: the cache and the
-    merge counters must come out as they went in."""
+@pytest.mark.parametrize("long_tile", [False, True])
+def test_warm_up_reads_the_cache_and_writes_nothing(long_tile: bool) -> None:
+    """The warm-up runs the mixed-step decode kernel once per split bucket on block 0, and with `long_tile`
+    LONG_TILE's two tile-map launches (one cutting keys): the cache and the merge counters must come out as
+    they went in."""
     gen = torch.Generator().manual_seed(3)
     kv = torch.randn((4, 1, 2, 16, 2, 32), generator=gen).to(DEVICE)
     before = kv.clone()
-    TritonAttentionBackend().warm_up(kv[:, 0, 0], kv[:, 0, 1], num_heads=4, dtype=kv.dtype)
+    TritonAttentionBackend().warm_up(
+        kv[:, 0, 0], kv[:, 0, 1], num_heads=4, dtype=kv.dtype, long_tile=long_tile
+    )
     assert torch.equal(kv, before)
     counters = live_counters(torch.device(DEVICE))
     assert counters is None or not counters.any()
