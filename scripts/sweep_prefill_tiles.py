@@ -45,6 +45,15 @@ CASES = {
     "1 x 2048 fresh": [(2048, 0)],
     "2 x 2048 fresh": [(2048, 0)] * 2,
     "1 x 4096 fresh": [(4096, 0)],
+    # W7's chunk beside nine decodes (the step's budget is 1024 tokens), and shorter chunks over prefixes
+    "1 x 1015 over 9216": [(1015, 9216)],
+    "1 x 1015 over 2048": [(1015, 2048)],
+    "1 x 768 over 4096": [(768, 4096)],
+    "1 x 768 over 768": [(768, 768)],
+    "1 x 512 over 4096": [(512, 4096)],
+    "1 x 512 over 512": [(512, 512)],
+    "2 x 512 over 2048": [(512, 2048)] * 2,
+    "1 x 256 over 4096": [(256, 4096)],
 }
 
 

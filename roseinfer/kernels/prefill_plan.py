@@ -12,14 +12,17 @@ import triton
 from roseinfer.kernels._common import is_interpret, num_sms
 from roseinfer.kv.cache_dtype import is_fp8
 
-# A chunk of this many tokens or more over at least as many cached ones, or in a step of at least
-# LONG_TILE_WAVES waves of its programs, takes the 128-row tile at D=128 over a half-precision cache: each key
-# tile read serves twice the rows. Swept on an H200 at llama-3.1-8b's heads (us, 64-row tile -> LONG_TILE):
-# 1 x 1024 over 9216 cached 538 -> 464, over 4096 274 -> 239, over 2048 166 -> 147, over 1024 113 -> 102;
-# fresh 4 x 2048 483 -> 441, 1 x 2048 148 -> 136, 1 x 4096 465 -> 410. A lone fresh 1024-token chunk (two
-# waves of unequal programs) keeps the 64-row tile: 56 -> 54, but 87 -> 170 when swept first on a cold GPU.
-# Shorter chunks lose (16 x 512 fresh 184 -> 194).
+# A chunk of PREFIX_CHUNK_TOKENS or more over at least as many cached ones, or a chunk of LONG_CHUNK_TOKENS or
+# more in a step of at least LONG_TILE_WAVES waves of its programs, takes the 128-row tile at D=128 over a
+# half-precision cache: each key tile read serves twice the rows. Swept on an H200 at llama-3.1-8b's heads (us,
+# 64-row tile -> LONG_TILE): 1 x 1024 over 9216 cached 538 -> 464, over 4096 274 -> 239, over 2048 166 -> 147,
+# over 1024 113 -> 102; 1 x 1015 (W7's chunk beside nine decodes) over 9216 546 -> 473; 1 x 768 over 4096
+# 256 -> 225, over 768 79 -> 74; 1 x 512 over 4096 136 -> 122, but over 512 38 -> 42. Fresh: 4 x 2048
+# 483 -> 441, 1 x 2048 148 -> 136, 1 x 4096 465 -> 410. A lone fresh 1024-token chunk (two waves of unequal
+# programs) keeps the 64-row tile: 56 -> 54, but 87 -> 170 when swept first on a cold GPU. Shorter fresh
+# chunks lose (16 x 512 184 -> 194).
 LONG_CHUNK_TOKENS = 1024
+PREFIX_CHUNK_TOKENS = 768
 LONG_PREFIX_RATIO = 1  # cached tokens before the chunk, per chunk token
 LONG_TILE_WAVES = 3
 LONG_TILE = (128, 128, 8, 2)
@@ -204,14 +207,13 @@ class TilePlanner:
         return q_tiles + self.split_entries
 
     def long_tile_pays(self, q_lens: np.ndarray, prefix_lens: np.ndarray) -> bool:
-        """Whether a step's prefill chunks (not its decodes) run faster in LONG_TILE (see LONG_CHUNK_TOKENS)."""
+        """Whether a step's prefill chunks (not its decodes) run faster in LONG_TILE (see PREFIX_CHUNK_TOKENS)."""
         if self.long_split is None:
             return False
-        long = q_lens >= LONG_CHUNK_TOKENS
-        if not long.any():
-            return False
-        if (prefix_lens[long] >= LONG_PREFIX_RATIO * q_lens[long]).any():
+        if ((q_lens >= PREFIX_CHUNK_TOKENS) & (prefix_lens >= LONG_PREFIX_RATIO * q_lens)).any():
             return True
+        if not (q_lens >= LONG_CHUNK_TOKENS).any():
+            return False
         programs = int((-(-q_lens // LONG_TILE[0])).sum()) * self.long_split.num_heads
         return programs >= LONG_TILE_WAVES * self.long_split.wave
 

@@ -15,6 +15,7 @@ from roseinfer.kernels.prefill_plan import (
     LONG_TILE,
     LONG_TILE_WAVES,
     MAX_KEY_SPLITS,
+    PREFIX_CHUNK_TOKENS,
     SPLIT_PARTIAL_ROWS,
     TILE_ROWS,
     KeySplit,
@@ -263,23 +264,29 @@ def _long_planner(monkeypatch: pytest.MonkeyPatch, num_heads: int = 32, **kwargs
 
 
 def test_the_long_tile_pays_for_long_chunks_over_long_prefixes_or_many_waves(monkeypatch) -> None:
-    """LONG_TILE for a chunk of LONG_CHUNK_TOKENS or more over LONG_PREFIX_RATIO times as many cached tokens, or
-    for a step of LONG_TILE_WAVES waves of its programs (one an SM); not for a lone fresh 1024-token chunk,
-    shorter chunks over any prefix, or where the tile does not apply (fp32, fp8 cache, D=64, no planner split)."""
+    """LONG_TILE for a chunk of PREFIX_CHUNK_TOKENS or more over LONG_PREFIX_RATIO times as many cached tokens
+    (W7's 1015-token chunk beside nine decodes among them), or for a chunk of LONG_CHUNK_TOKENS or more in a
+    step of LONG_TILE_WAVES waves of its programs (one an SM); not for a lone fresh 1024-token chunk, shorter
+    chunks over any prefix, or where the tile does not apply (fp32, fp8 cache, D=64, no planner split)."""
     planner = _long_planner(monkeypatch)
-    n = LONG_CHUNK_TOKENS
+    n, p = LONG_CHUNK_TOKENS, PREFIX_CHUNK_TOKENS
+    assert p < n
 
     def pays(q_lens: list[int], prefixes: list[int], p: TilePlanner = planner) -> bool:
         return p.long_tile_pays(np.array(q_lens), np.array(prefixes))
 
     assert pays([n], [9216]) and pays([n], [4096]) and pays([n], [LONG_PREFIX_RATIO * n])
+    assert pays([1] * 9 + [n - 9], [9216] * 10)  # decodes first, as the step sends them
+    assert pays([p], [LONG_PREFIX_RATIO * p]) and not pays([p - 1], [100_000])
+    assert not pays([p], [LONG_PREFIX_RATIO * p - 1]) and not pays([n - 1], [LONG_PREFIX_RATIO * (n - 1) - 1])
     assert pays([5, n + 1, 70], [0, LONG_PREFIX_RATIO * (n + 1), 3]) and pays([2048], [4096])
-    assert not pays([n], [0]) and not pays([n], [LONG_PREFIX_RATIO * n - 1]) and not pays([n - 1], [100_000])
-    assert not pays([n, 512], [0, 100_000])  # the long prefix is under a short chunk
+    assert not pays([n], [0]) and not pays([n], [LONG_PREFIX_RATIO * n - 1])
+    assert not pays([n, 256], [0, 100_000])  # the long prefix is under a short chunk (and 10 tiles a head)
     assert pays([n, 512], [n, 0]) and not pays([n, 512], [n - 1, 0])
     # fresh 2048-token chunks: 16 q tiles each at 32 heads, 512 programs >= 3 waves of 132; 1024: 256, fewer
     waves = LONG_TILE_WAVES * 132
     assert pays([2048] * 4, [0] * 4) and pays([2048], [0]) and not pays([n], [0])
+    assert not pays([n - 1] * 8, [0] * 8)  # waves count only beside a chunk of LONG_CHUNK_TOKENS
     q_tiles = -(-waves // 32)
     assert pays([n] + [128] * (q_tiles - 8), [0] * (q_tiles - 7))
     assert not pays([n] + [128] * (q_tiles - 9), [0] * (q_tiles - 8))
