@@ -74,3 +74,19 @@ def test_report_line() -> None:
         == "Triton compiles in the warm-up: 2 in 3.0 s (a x2)"
     )
     assert format_compiles({}, 0.0) == "Triton compiles in the timed run: 0"
+
+
+def test_a_variant_is_named_by_its_launch_options_and_its_constants() -> None:
+    """Triton 3.6's description of a variant holds its cache key's characters where the arguments should be: the
+    watch keeps the launch options and names the constants (constexprs, ints compiled in as 1) by parameter."""
+    params = [SimpleNamespace(name=n) for n in ("q_ptr", "n", "stride", "BLOCK_M", "KEY_SPLIT")]
+    fn = SimpleNamespace(name="_prefill_kernel", jit_function=SimpleNamespace(params=params))
+    garbage = "_prefill_kernel[num_warps=8, num_ctas=1, num_stages=2](q_ptr: (, n: ', stride: (, BLOCK_M: ', KEY_SPLIT: i)"
+    with watch_triton_compiles() as compiled:
+        knobs.runtime.jit_cache_hook(fn=fn, key="k", repr=garbage)
+        knobs.runtime.jit_post_compile_hook(
+            fn=fn, key="k", repr=garbage, compile={"constants": {(3,): 128, (4,): False, (2,): 1}}
+        )
+    assert compiled.variants == [
+        "_prefill_kernel[num_warps=8, num_ctas=1, num_stages=2](BLOCK_M=128, KEY_SPLIT=False, stride=1)"
+    ]

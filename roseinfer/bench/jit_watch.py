@@ -16,8 +16,8 @@ from typing import Any
 
 class Compiles(Counter[str]):
     """Per kernel name, the variants compiled (or loaded from Triton's disk cache) in the block; `seconds`
-    per kernel name, from Triton's pre-compile hook to its post-compile hook; `variants`, Triton's own
-    description of each (its launch options and argument specialisations), in order."""
+    per kernel name, from Triton's pre-compile hook to its post-compile hook; `variants`, each one's launch
+    options and constants (`describe_variant`), in order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,6 +30,24 @@ class Compiles(Counter[str]):
     def report(self) -> dict[str, object]:
         """The JSON reports' keys: compiles per kernel name and their seconds in all."""
         return {"triton_compiles": dict(self), "triton_compile_seconds": self.total_seconds()}
+
+
+def describe_variant(hook_kwargs: dict[str, Any]) -> str:
+    """`name[launch options](PARAM=value, ...)`: the options from Triton's own description, then the arguments
+    compiled in as constants (the constexprs, and ints specialised as 1), by parameter name. (Triton 3.6's
+    description puts the characters of its cache-key string where the argument list should be.)"""
+    fn = hook_kwargs["fn"]
+    text = str(hook_kwargs.get("repr", fn.name))
+    head = text.split("](", 1)[0] + "]" if "](" in text else text.split("(", 1)[0]
+    constants = (hook_kwargs.get("compile") or {}).get("constants") or {}
+    params = getattr(getattr(fn, "jit_function", None), "params", [])
+    names = [getattr(p, "name", "?") for p in params]
+    args = [
+        f"{names[path[0]]}={value}"
+        for path, value in constants.items()
+        if isinstance(path, tuple) and len(path) == 1 and path[0] < len(names)
+    ]
+    return f"{head}({', '.join(args)})"
 
 
 @contextmanager
@@ -56,7 +74,7 @@ def watch_triton_compiles() -> Iterator[Compiles]:
         now = time.perf_counter()
         compiled[name] += 1
         compiled.seconds[name] = compiled.seconds.get(name, 0.0) + now - started.pop(name, now)
-        compiled.variants.append(str(kwargs.get("repr", name)))
+        compiled.variants.append(describe_variant(kwargs))
         return previous_post(**kwargs) if previous_post is not None else None
 
     runtime.jit_cache_hook, runtime.jit_post_compile_hook = pre, post
