@@ -167,10 +167,15 @@ def prefill_tile_map(
     return tiles
 
 
+def cuts_keys(tiles: np.ndarray) -> bool:
+    """Whether a tile map cuts some tile's keys across programs."""
+    return bool((tiles[3] > 1).any())
+
+
 def partial_rows(tiles: np.ndarray) -> int:
     """The `split_rows` a map's launch takes: SPLIT_PARTIAL_ROWS where it cuts some tile's keys, else 0, which
     launches the kernel variant without the partials' writes and merge."""
-    return SPLIT_PARTIAL_ROWS if bool((tiles[3] > 1).any()) else 0
+    return SPLIT_PARTIAL_ROWS if cuts_keys(tiles) else 0
 
 
 def leading_decodes(q_lens: np.ndarray) -> int:
@@ -240,6 +245,6 @@ class TilePlanner:
         block_m = LONG_TILE[0] if long else prefill_block_m(self.head_dim, self.dtype, int(chunks.max()))
         q_tiles = int((-(-chunks // block_m)).sum())
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
-        if not long and not (tiles[3] > 1).any():
+        if not long and not cuts_keys(tiles):
             return None
         return np.ascontiguousarray(tiles[:, : int((tiles[0] >= 0).sum())]), block_m

@@ -197,7 +197,7 @@ class MixedGraphs:
         if self.planner.long_tile_pays(chunks, step.seq_lens[decodes : len(q_lens)] - chunks):
             return None  # eager, in LONG_TILE: such a step's attention outweighs its launches
         block_m, n = self.block_m[size], self.num_tiles[size]
-        if int((-(-q_lens[decodes:] // block_m)).sum()) > self.q_tiles[size]:
+        if int((-(-chunks // block_m)).sum()) > self.q_tiles[size]:
             return None
         return MixedPlan(
             size, decodes, self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)

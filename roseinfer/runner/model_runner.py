@@ -12,7 +12,7 @@ from roseinfer.attention.backend import get_backend
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import EngineConfig
 from roseinfer.kernels.pdl import pdl_supported
-from roseinfer.kernels.prefill_plan import LONG_TILE, TilePlanner
+from roseinfer.kernels.prefill_plan import LONG_TILE, TilePlanner, cuts_keys
 from roseinfer.kv.cache_dtype import check_fp8_cache_support, resolve_kv_cache_dtype
 from roseinfer.models.layers import ForwardContext
 from roseinfer.models.loader import build_model
@@ -306,7 +306,7 @@ class ModelRunner:
                 if self.tile_planner is not None and step.max_query_len > 1:
                     tiles = self.tile_planner.eager_map(step.query_start_loc, step.seq_lens)
                     if tiles is not None:  # a map that cuts keys, or LONG_TILE's (which may not)
-                        self.step_paths["key_split"] += bool((tiles[0][3] > 1).any())
+                        self.step_paths["key_split"] += cuts_keys(tiles[0])
                         self.step_paths["long_tile"] += tiles[1] >= LONG_TILE[0]
                 ids, positions, meta, logits_index = upload_step(step, staging, self.last_sampled, tiles)
             rows = step.sample_rows.tolist()
@@ -341,7 +341,7 @@ class ModelRunner:
             elif mixed is not None:
                 assert self.mixed_graphs is not None
                 sampled_hidden = self.mixed_graphs.run(step, mixed, self.last_sampled)
-                self.step_paths["key_split"] += bool((mixed.tiles[3] > 1).any())
+                self.step_paths["key_split"] += cuts_keys(mixed.tiles)
                 if rows:
                     logits = self.model.compute_logits(sampled_hidden)
                 self.step_paths["mixed_graph"] += 1
