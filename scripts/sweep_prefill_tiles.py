@@ -19,6 +19,7 @@ import torch
 import triton
 
 import roseinfer.kernels.paged_prefill_attention as prefill
+from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES, resolve_kv_cache_dtype
 
@@ -119,7 +120,13 @@ def main() -> None:
     parser.add_argument(
         "--fp8-dots", default="", help="e.g. bf16,fp16: each dot type an fp8 cache's K/V widen to"
     )
+    parser.add_argument(
+        "--no-ws",
+        action="store_true",
+        help="the Triton kernel at 128 x 128 too (not the Hopper warp-specialised one)",
+    )
     args = parser.parse_args()
+    paged_prefill_ws.ENABLED = not args.no_ws
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
     dot_types = {"bf16": torch.bfloat16, "fp16": torch.float16}
     dots = [dot_types[t] for t in args.fp8_dots.split(",") if t] or [None]

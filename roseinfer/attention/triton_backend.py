@@ -187,9 +187,9 @@ class TritonAttentionBackend(AttentionBackend):
 def warm_up_long_tile(
     k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, dtype: torch.dtype
 ) -> None:
-    """LONG_TILE's tile-map launches, of a map that cuts no key and of one that does (the kernel with the merge):
-    eager steps meet them first, and cold each compiles for seconds (1.4 s and 3.5 s on an H200), while every
-    request in the step waits. One 128-row chunk over 128 cached keys, whose two key tiles the second map cuts
+    """LONG_TILE's tile-map launches, of a map that cuts no key (on Hopper the warp-specialised kernel) and of one
+    that does (the kernel with the merge): eager steps meet them first, and cold each compiles for seconds (1.4 s
+    and 3.5 s on an H200), while every request in the step waits. One 128-row chunk over 128 cached keys, whose two key tiles the second map cuts
     in two; reads block 0 of the cache, writes nothing to it."""
     device = k_cache.device
     rows = LONG_TILE[0]

@@ -10,6 +10,7 @@ A tile-map launch (`prefill_plan.prefill_tile_map`) may cut a q tile's keys acro
 flash-decoding does for one query: a short chunk over a long cached prefix otherwise makes few programs,
 each walking every key in turn. Each such program writes a partial (running max, running sum, unnormalised
 accumulator) and takes a ticket; the last of the tile's programs to finish merges them, in the same launch.
+On Hopper, LONG_TILE launches whose keys are not cut run the warp-specialised kernel (`paged_prefill_ws.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels import paged_prefill_ws as prefill_ws
 from roseinfer.kernels._common import (
     LOG2E,
     attention_dot_dtype,
@@ -274,13 +276,10 @@ def paged_prefill_attention(
     num_seqs = query_start_loc.shape[0] - 1
     if seq_lens.shape[0] < num_seqs or block_tables.shape[0] < num_seqs:
         raise ValueError("seq_lens/block_tables have fewer rows than query_start_loc describes")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if block_tables.stride(-1) != 1:
-        block_tables = block_tables.contiguous()
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.stride(-1) != 1:
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    out = torch.empty_like(q) if out is None else out
+    if out.shape != q.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
@@ -313,6 +312,10 @@ def paged_prefill_attention(
         block_m = prefill_block_m(head_dim, q.dtype, max_query_len, block_m)
         grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
         tiles, tile_stride = query_start_loc, 0  # not read
+    if prefill_ws.takes_launch(q, k_cache, v_cache, block_m, block_n, cuts_keys=tile_map and split_rows > 0):
+        ws_tiles = tiles if tile_map else None
+        ws_args = (block_tables, query_start_loc, seq_lens, max_query_len, scale, out, first_seq, ws_tiles)
+        return prefill_ws.paged_prefill_attention_ws(q, k_cache, v_cache, *ws_args)
     _, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype, k_cache.dtype, block_m)
     block_n = block_n or cfg_n
     _prefill_kernel[grid](
