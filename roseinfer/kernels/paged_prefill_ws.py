@@ -4,8 +4,8 @@
 The Triton kernel (`paged_prefill_attention.py`) runs these at ~350 TFLOP/s on an H200, where FA3 runs ~570: its
 8 warps load K/V, wait on the tensor cores and run the softmax in lockstep, so each waits on the others at every
 tile. Here a program is three partitions:
-- a loader warp copies each key tile's pages by TMA (one [1, block_size, 128] box a page, through the block
-  table) into a 2-slot K ring and a 3-slot V ring, each slot with a ready and an empty mbarrier;
+- a loader warp copies each key tile's pages by TMA through the block table into a 2-slot K ring and a 3-slot V
+  ring, each slot with a ready and an empty mbarrier;
 - two consumer warp groups, 64 query rows each, run the online softmax. Each issues tile j+1's QK^T wgmma
   before tile j's softmax and tile j's PV wgmma after it, so the tensor cores work through the softmax; a
   group frees a slot on its empty barrier once its wgmma that read it is done.
@@ -40,6 +40,7 @@ HEAD_DIM = gl.constexpr(128)
 GROUP_ROWS = gl.constexpr(64)  # query rows of one consumer warp group
 V_SLOTS = gl.constexpr(3)  # with two, V loads waited on the softmax: 1.3x slower (H200)
 CONSUMER_REGS = gl.constexpr(240)
+SWIZZLE_COLS = 64  # halves in the 128-byte swizzle of the K/V rings: a TMA box's width
 ENABLED = True  # False: every launch takes the Triton kernel (A/B runs)
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -61,16 +62,20 @@ def _softmax_step(s, m_i, l_i, n0, q_pos, qk_scale, CAUSAL: gl.constexpr, s_layo
 
 @gluon.jit
 def _load_tile(desc, bt_row, tile, kv_end, col, bar, smem, PAGES: gl.constexpr, page_layout: gl.constexpr):
-    """TMA copies of key tile `tile`'s pages into `smem` ([PAGES * page, HEAD_DIM]), completing on `bar`."""
+    """Key tile `tile`'s pages into `smem` ([PAGES * page, HEAD_DIM]) by TMA, done on `bar`: a box a half-row page
+    (the 128-byte swizzle's width), whose place in `smem` is one contiguous run."""
     page: gl.constexpr = desc.block_type.shape[1]
+    half: gl.constexpr = desc.block_type.shape[2]
     idx_layout: gl.constexpr = gl.BlockedLayout([PAGES], [32], [1], [0])
     i = gl.arange(0, PAGES, layout=idx_layout)
     blocks = gl.load(bt_row + tile * PAGES + i, mask=(tile * PAGES + i) * page < kv_end, other=0)
-    mbarrier.expect(bar, PAGES * desc.block_type.nbytes)
+    mbarrier.expect(bar, PAGES * (HEAD_DIM // half) * desc.block_type.nbytes)
     for p in gl.static_range(PAGES):
         block = gl.sum(gl.where(i == p, blocks, 0), axis=0)
-        dst = smem.slice(p * page, page)._reinterpret(smem.dtype, desc.block_type.shape, page_layout)
-        tma.async_copy_global_to_shared(desc, [block, 0, col], bar, dst)
+        for c in gl.static_range(HEAD_DIM // half):
+            run = smem.slice(p * page, page).slice(c * half, half, dim=1)
+            dst = run._reinterpret(smem.dtype, desc.block_type.shape, page_layout)
+            tma.async_copy_global_to_shared(desc, [block, 0, col + c * half], bar, dst)
 
 
 @gluon.jit
@@ -332,13 +337,13 @@ def takes_launch(
 
 
 def _page_descriptor(cache: torch.Tensor, layout) -> TensorDescriptor:
-    """A [num_blocks, block_size, heads x D] view of one layer's cache, one page of one KV head a box."""
+    """A [num_blocks, block_size, heads x D] view of one layer's cache; a box is one page of half a KV head."""
     num_blocks, block_size, heads, head_dim = cache.shape
     return TensorDescriptor(
         cache,
         [num_blocks, block_size, heads * head_dim],
         [cache.stride(0), cache.stride(1), 1],
-        [1, block_size, head_dim],
+        [1, block_size, SWIZZLE_COLS],
         layout,
     )
 
@@ -361,7 +366,7 @@ def paged_prefill_attention_ws(
     num_q_heads = q.shape[1]
     gl_dtype = _GL_DTYPES[q.dtype]
     block_size = k_cache.shape[1]
-    page_layout = gl.NVMMASharedLayout.get_default_for([1, block_size, HEAD_DIM], gl_dtype)
+    page_layout = gl.NVMMASharedLayout.get_default_for([1, block_size, SWIZZLE_COLS], gl_dtype)
     if tiles is not None:
         grid: tuple[int, ...] = (num_q_heads * tiles.shape[1],)
         tile_ptr, tile_stride = tiles, tiles.stride(0)
