@@ -41,8 +41,12 @@ GROUP_ROWS = gl.constexpr(64)  # query rows of one consumer warp group
 V_SLOTS = gl.constexpr(3)  # with two, V loads waited on the softmax: 1.3x slower (H200)
 CONSUMER_REGS = gl.constexpr(240)
 SWIZZLE_COLS = 64  # halves in the 128-byte swizzle of the K/V rings: a TMA box's width
+# The rings' layout (what get_default_for picks for 64-half rows), and a TMA box's. Built here, not passed in:
+# Triton's compile hooks serialise a kernel's constexprs as JSON, which a layout object is not.
+RING_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+BOX_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3))
 ENABLED = True  # False: every launch takes the Triton kernel (A/B runs)
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @gluon.jit
@@ -61,7 +65,7 @@ def _softmax_step(s, m_i, l_i, n0, q_pos, qk_scale, CAUSAL: gl.constexpr, s_layo
 
 
 @gluon.jit
-def _load_tile(desc, bt_row, tile, kv_end, col, bar, smem, PAGES: gl.constexpr, page_layout: gl.constexpr):
+def _load_tile(desc, bt_row, tile, kv_end, col, bar, smem, PAGES: gl.constexpr):
     """Key tile `tile`'s pages into `smem` ([PAGES * page, HEAD_DIM]) by TMA, done on `bar`: a box a half-row page
     (the 128-byte swizzle's width), whose place in `smem` is one contiguous run."""
     page: gl.constexpr = desc.block_type.shape[1]
@@ -74,43 +78,21 @@ def _load_tile(desc, bt_row, tile, kv_end, col, bar, smem, PAGES: gl.constexpr, 
         block = gl.sum(gl.where(i == p, blocks, 0), axis=0)
         for c in gl.static_range(HEAD_DIM // half):
             run = smem.slice(p * page, page).slice(c * half, half, dim=1)
-            dst = run._reinterpret(smem.dtype, desc.block_type.shape, page_layout)
+            dst = run._reinterpret(smem.dtype, desc.block_type.shape, BOX_LAYOUT)
             tma.async_copy_global_to_shared(desc, [block, 0, col + c * half], bar, dst)
 
 
 @gluon.jit
-def _loader(
-    k_desc,
-    v_desc,
-    rings,
-    bars,
-    bt_row,
-    kv_end,
-    num_tiles,
-    col,
-    PAGES: gl.constexpr,
-    page_layout: gl.constexpr,
-):
+def _loader(k_desc, v_desc, rings, bars, bt_row, kv_end, num_tiles, col, PAGES: gl.constexpr):
     _, k_smem, v_smem = rings
     k_ready, k_empty, v_ready, v_empty, _ = bars
     for t in range(num_tiles):
         # A slot's first fill waits on the phase before its barrier's first, which counts as complete.
         mbarrier.wait(k_empty.index(t % 2), ((t // 2) & 1) ^ 1)
-        _load_tile(
-            k_desc, bt_row, t, kv_end, col, k_ready.index(t % 2), k_smem.index(t % 2), PAGES, page_layout
-        )
-        mbarrier.wait(v_empty.index(t % V_SLOTS), ((t // V_SLOTS) & 1) ^ 1)
-        _load_tile(
-            v_desc,
-            bt_row,
-            t,
-            kv_end,
-            col,
-            v_ready.index(t % V_SLOTS),
-            v_smem.index(t % V_SLOTS),
-            PAGES,
-            page_layout,
-        )
+        _load_tile(k_desc, bt_row, t, kv_end, col, k_ready.index(t % 2), k_smem.index(t % 2), PAGES)
+        v = t % V_SLOTS
+        mbarrier.wait(v_empty.index(v), ((t // V_SLOTS) & 1) ^ 1)
+        _load_tile(v_desc, bt_row, t, kv_end, col, v_ready.index(v), v_smem.index(v), PAGES)
 
 
 @gluon.jit
@@ -238,9 +220,6 @@ def _prefill_ws_kernel(
     GROUP: gl.constexpr,
     BLOCK_M: gl.constexpr,
     TILE_MAP: gl.constexpr,
-    q_layout: gl.constexpr,
-    kv_layout: gl.constexpr,
-    page_layout: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 2 * GROUP_ROWS and num_warps == 4)
@@ -271,9 +250,9 @@ def _prefill_ws_kernel(
     bt_row = block_tables_ptr + b.to(gl.int64) * stride_btb
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_smem = gl.allocate_shared_memory(dtype, [2, GROUP_ROWS, HEAD_DIM], q_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [V_SLOTS, BLOCK_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, GROUP_ROWS, HEAD_DIM], RING_LAYOUT)
+    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HEAD_DIM], RING_LAYOUT)
+    v_smem = gl.allocate_shared_memory(dtype, [V_SLOTS, BLOCK_N, HEAD_DIM], RING_LAYOUT)
     k_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [V_SLOTS, 1], mbarrier.MBarrierLayout())
@@ -294,7 +273,7 @@ def _prefill_ws_kernel(
     gl.warp_specialize([
         (_consumer, (0, q_ptr, out_ptr, qk_scale, rings, bars, tile, strides, PAGE)),
         (_consumer, (1, q_ptr, out_ptr, qk_scale, rings, bars, tile, strides, PAGE)),
-        (_loader, (k_desc, v_desc, rings, bars, bt_row, kv_end, num_tiles, col, PAGES, page_layout)),
+        (_loader, (k_desc, v_desc, rings, bars, bt_row, kv_end, num_tiles, col, PAGES)),
     ], [4, 1], [CONSUMER_REGS, 24])  # fmt: skip
 
 
@@ -318,7 +297,7 @@ def takes_launch(
         return False
     if is_interpret() or q.device.type != "cuda" or not _is_hopper(q.device.index or 0):
         return False
-    if q.dtype not in _GL_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    if q.dtype not in HALF_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         return False
     block_size, _, head_dim = k_cache.shape[1:]
     return (
@@ -336,7 +315,7 @@ def takes_launch(
     )
 
 
-def _page_descriptor(cache: torch.Tensor, layout) -> TensorDescriptor:
+def _page_descriptor(cache: torch.Tensor) -> TensorDescriptor:
     """A [num_blocks, block_size, heads x D] view of one layer's cache; a box is one page of half a KV head."""
     num_blocks, block_size, heads, head_dim = cache.shape
     return TensorDescriptor(
@@ -344,7 +323,7 @@ def _page_descriptor(cache: torch.Tensor, layout) -> TensorDescriptor:
         [num_blocks, block_size, heads * head_dim],
         [cache.stride(0), cache.stride(1), 1],
         [1, block_size, SWIZZLE_COLS],
-        layout,
+        BOX_LAYOUT.value,
     )
 
 
@@ -364,9 +343,6 @@ def paged_prefill_attention_ws(
     """`paged_prefill_attention` where `takes_launch`: the plain grid, or a tile map (built at BLOCK_M) whose keys
     are not cut. Arguments as there, already checked."""
     num_q_heads = q.shape[1]
-    gl_dtype = _GL_DTYPES[q.dtype]
-    block_size = k_cache.shape[1]
-    page_layout = gl.NVMMASharedLayout.get_default_for([1, block_size, SWIZZLE_COLS], gl_dtype)
     if tiles is not None:
         grid: tuple[int, ...] = (num_q_heads * tiles.shape[1],)
         tile_ptr, tile_stride = tiles, tiles.stride(0)
@@ -375,8 +351,8 @@ def paged_prefill_attention_ws(
         tile_ptr, tile_stride = query_start_loc, 0  # not read
     _prefill_ws_kernel[grid](
         q,
-        _page_descriptor(k_cache, page_layout),
-        _page_descriptor(v_cache, page_layout),
+        _page_descriptor(k_cache),
+        _page_descriptor(v_cache),
         block_tables,
         query_start_loc,
         seq_lens,
@@ -394,9 +370,6 @@ def paged_prefill_attention_ws(
         GROUP=num_q_heads // k_cache.shape[2],
         BLOCK_M=BLOCK_M,
         TILE_MAP=tiles is not None,
-        q_layout=gl.NVMMASharedLayout.get_default_for([GROUP_ROWS, HEAD_DIM], gl_dtype),
-        kv_layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl_dtype),
-        page_layout=page_layout,
         num_warps=4,
     )
     return out
