@@ -367,9 +367,16 @@ def paged_prefill_attention_ws(
         first_seq,
         tile_stride,
         num_q_heads,
-        GROUP=num_q_heads // k_cache.shape[2],
-        BLOCK_M=BLOCK_M,
-        TILE_MAP=tiles is not None,
-        num_warps=4,
+        **launch_constants(num_q_heads, k_cache.shape[2], tiles is not None),
     )
     return out
+
+
+def launch_constants(num_q_heads: int, num_kv_heads: int, tile_map: bool) -> dict[str, int | bool]:
+    """The kernel's constexprs and warps: plain values, as Triton's compile hooks serialise them to JSON."""
+    return {
+        "GROUP": num_q_heads // num_kv_heads,
+        "BLOCK_M": BLOCK_M.value,
+        "TILE_MAP": tile_map,
+        "num_warps": 4,
+    }
