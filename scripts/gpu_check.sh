@@ -5,7 +5,7 @@
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
-#             kernels-fa3, ncu (on request)
+#             kernels-fa3, long-tile, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -112,6 +112,13 @@ for s in "${sections[@]}"; do
         flag=""; [ $m != auto ] && flag="--mixed-graph-max-tokens $m"
         run prefix-W3-graphs-$m '.' $RI bench prefix --model-shape qwen2.5-0.5b --workload W3 --num-requests ${W3_REQUESTS:-24} --no-progress $flag --json "$LOGS/prefix_W3_graphs_$m.json"
       done ;;
+    long-tile)  # the long tile's kernels (Hopper's warp-specialised one, paged_prefill_ws.py): their tests, the engine
+                # test, the tile sweep with and without it, then W7 llama (gpu)
+      run tests-long-tile 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_prefill_ws.py tests/kernels/test_paged_prefill_attention.py tests/gpu/test_gpu_long_tile_engine.py
+      C="1 x 1024 over 9216,1 x 1024 over 4096,1 x 1024 over 1024,1 x 768 over 4096,4 x 2048 fresh,1 x 4096 fresh,16 x 512 fresh,1 x 512 over 512"
+      run sweep-long-tile '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --shapes llama-3.1-8b --tiles 64x64,128x128 --cases "$C"
+      run sweep-long-tile-no-ws '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --no-ws --shapes llama-3.1-8b --tiles 128x128 --cases "$C"
+      run offload-W7-long-tile '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_tile.json" ;;
     splits)  # prefill attention's key splits: the kernel on short chunks over long prefixes, then W3 qwen (prefix
              # hits) and W2 llama under lof (SPLIT_BUDGETS), each with and without the splits, alternating
       run sweep-prefill-splits '^(shape|llama|qwen|us|grid)' python3 scripts/sweep_prefill_splits.py

@@ -95,7 +95,7 @@ PREFIX_LENS = [0, 700, 300, 1024, 0, 1, 17, 4101, 126]
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads"), [(32, 8), (16, 16), (8, 1), (28, 4)], ids=["llama8b", "mha", "mqa", "gqa7"]
 )
-@pytest.mark.parametrize("block_size", [16, 64, 128], ids=lambda b: f"bs{b}")
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128], ids=lambda b: f"bs{b}")
 def test_ws_matches_reference_gpu(
     ws_launches, dtype: torch.dtype, num_heads: int, num_kv_heads: int, block_size: int
 ) -> None:
