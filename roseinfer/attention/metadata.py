@@ -46,6 +46,9 @@ class AttentionMetadata:
     # Inside the mixed-step graphs: [S] each sequence's length if it is one of the leading decodes, else 0
     # (the decode kernel's rows).
     decode_seq_lens: torch.Tensor | None = None
+    # Inside the mixed-step graphs: [1] the step's leading decodes, from which the decode kernel picks its
+    # splits on the GPU (kernels/decode_split_merge.gpu_split).
+    decode_count: torch.Tensor | None = None
     # [D] the decode kernel's rows (the step's leading decodes, or in a mixed-step graph all S rows), longest
     # sequence first (kernels/paged_decode_split.decode_order); None: row order.
     decode_order: torch.Tensor | None = None

@@ -107,15 +107,17 @@ class TritonAttentionBackend(AttentionBackend):
         out: torch.Tensor,
     ) -> None:
         """The decodes of a mixed step inside a CUDA graph, where launch shapes are fixed by the graph's size:
-        the decode kernel takes the first S rows (length 0, a zero output, past the step's decodes); the
-        prefill kernel's tile map then names the chunks, whose rows it overwrites."""
+        the decode kernel takes the first S rows (a zero output past the step's decodes) and cuts the step's
+        decodes into splits on the GPU; the prefill kernel's tile map then names the chunks, whose rows it
+        overwrites."""
         assert meta.decode_seq_lens is not None
         rows = meta.decode_seq_lens.shape[0]
         if rows < q.shape[0]:
             out[rows:].zero_()  # padding rows
         self._decode(
-            q, k_cache, v_cache, meta, scale, out, rows, meta.max_seq_len, seq_lens=meta.decode_seq_lens
-        )
+            q, k_cache, v_cache, meta, scale, out, rows, meta.max_seq_len, seq_lens=meta.decode_seq_lens,
+            live=meta.decode_count,
+        )  # fmt: skip
 
     @staticmethod
     def _decode(
@@ -129,9 +131,11 @@ class TritonAttentionBackend(AttentionBackend):
         max_seq_len: int,
         new_kv: NewTokenKV | None = None,
         seq_lens: torch.Tensor | None = None,
+        live: torch.Tensor | None = None,
     ) -> None:
         """Rows 0..batch-1 are sequences 0..batch-1, one new token each (already in the cache unless
-        `new_kv` brings it), of `seq_lens` (default: the step's) keys."""
+        `new_kv` brings it), of `seq_lens` (default: the step's) keys; `live`: only the first `live` rows
+        (on the device) are decodes (`paged_decode_attention`)."""
         num_splits = choose_num_splits(batch, k_cache.shape[2], max_seq_len, q.device)
         paged_decode_attention(
             q[:batch],
@@ -145,6 +149,7 @@ class TritonAttentionBackend(AttentionBackend):
             new_kv=new_kv,
             order=meta.decode_order,
             pdl=new_kv is not None and new_kv.norm is not None and new_kv.norm.pdl,
+            live=live,
         )
 
     def deferred_norm_pays(self, batch: int, head_dim: int) -> bool:

@@ -1,11 +1,55 @@
 """The end of a paged decode attention program that holds one split of its (sequence, kv head)'s keys
 (`paged_decode_attention.py`): it stores its partial and takes a ticket, and the last program to finish
-merges every split, in the same launch."""
+merges every split, in the same launch. And, in a launch that cuts its splits on the GPU (`gpu_split`), which
+split of which row a program holds."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def gpu_split(
+    p,
+    kvh,
+    order_ptr,
+    seq_lens_ptr,
+    live_ptr,
+    out_ptr,
+    stride_ob,
+    stride_oh,
+    num_kv_heads,
+    target_programs,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    MIN_KEYS: tl.constexpr,
+):
+    """Program slot `p` of a launch of R slots a kv head over R rows, of which the first `live` (`live_ptr`, on
+    the device) are served: each served row gets `splits` slots, as `choose_num_splits` would give `live` rows
+    (about `target_programs` programs, no split under MIN_KEYS keys of the longest row, `order[0]`'s, at most
+    SPLITS_PAD and R // live). Slot p also writes row order[p]'s zero output when p >= live. Returns (sequence,
+    served row, split, splits, whether the slot serves a row)."""
+    rows = tl.num_programs(1)
+    live = tl.load(live_ptr)
+    n = tl.maximum(live, 1)
+    longest = tl.load(seq_lens_ptr + tl.load(order_ptr))
+    splits = tl.minimum(rows // n, tl.cdiv(target_programs, n * num_kv_heads))
+    splits = tl.maximum(tl.minimum(tl.minimum(splits, tl.cdiv(longest, MIN_KEYS)), SPLITS_PAD), 1)
+    if p >= live:
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, D_PAD)
+        empty = tl.load(order_ptr + p).to(tl.int64)
+        dst = out_ptr + empty * stride_ob + (kvh * GROUP + g)[:, None] * stride_oh + d[None, :]
+        zero = tl.zeros([GROUP_PAD, D_PAD], dtype=out_ptr.dtype.element_ty)
+        tl.store(dst, zero, mask=(g < GROUP)[:, None] & (d < HEAD_DIM)[None, :])
+    row = p // splits
+    serves = row < live
+    b = tl.load(order_ptr + tl.where(serves, row, 0))
+    return b, row, p % splits, splits, serves
 
 
 @triton.jit

@@ -43,10 +43,12 @@ from roseinfer.kernels.decode_new_token import (
     neox_cos_sin,
     rotate_neox,
 )
-from roseinfer.kernels.decode_split_merge import finish_split
+from roseinfer.kernels.decode_split_merge import finish_split, gpu_split
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
+
+MIN_KEYS = tl.constexpr(launch.MIN_KEYS_PER_SPLIT)
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_btb"])  # both vary per step: no variant per value
@@ -69,10 +71,12 @@ def _decode_kernel(
     x_ptr,
     bias_ptr,
     order_ptr,
+    live_ptr,
     qk_scale,
     num_q_heads,
     num_kv_heads,
     num_splits,
+    target_programs,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -106,6 +110,7 @@ def _decode_kernel(
     SPLITS_PAD: tl.constexpr,
     SPLITS_CHUNK: tl.constexpr,
     HAS_ORDER: tl.constexpr,
+    GPU_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PDL: tl.constexpr,
@@ -113,11 +118,21 @@ def _decode_kernel(
     kvh = tl.program_id(0)
     split = tl.program_id(2)
     b = tl.program_id(1)
-    if HAS_ORDER:
+    if GPU_SPLIT:
+        b, part_row, split, num_splits, serves = gpu_split(
+            tl.program_id(1), kvh, order_ptr, seq_lens_ptr, live_ptr, out_ptr, stride_ob, stride_oh,
+            num_kv_heads, target_programs, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, SPLITS_PAD, MIN_KEYS,
+        )  # fmt: skip
+    elif HAS_ORDER:
         b = tl.load(order_ptr + b)
     b64 = b.to(tl.int64)
 
     seq_len = tl.load(seq_lens_ptr + b)
+    if GPU_SPLIT:
+        seq_len = tl.where(serves, seq_len, 0)
+        part_row = part_row.to(tl.int64)
+    else:
+        part_row = b64
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
     start = split * tiles_per_split * BLOCK_N
@@ -226,17 +241,22 @@ def _decode_kernel(
 
     o_rows = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :]
     out_dtype = out_ptr.dtype.element_ty
-    if not SPLIT:
+    whole = not SPLIT
+    merge = SPLIT
+    if GPU_SPLIT:
+        whole = serves & (num_splits == 1)
+        merge = serves & (num_splits > 1)
+    if whole:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(o_rows, out.to(out_dtype), mask=q_mask)
-    else:
+    if merge:
         # Partials are [B, Hq, num_splits] (m, l) and [B, Hq, num_splits, HEAD_DIM] (acc), contiguous.
         finish_split(
             m_i,
             l_i,
             acc,
             split,
-            (b64 * num_q_heads + heads) * num_splits,
+            (part_row * num_q_heads + heads) * num_splits,
             g_mask,
             d,
             d_mask,
@@ -267,6 +287,7 @@ def paged_decode_attention(
     new_kv: NewTokenKV | None = None,
     order: torch.Tensor | None = None,
     pdl: bool = False,
+    live: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its `seq_lens[b]` keys; returns [B, Hq, D].
 
@@ -277,18 +298,13 @@ def paged_decode_attention(
     the step's max_seq_len) to control it. `order` [B] int32, a permutation of the rows, sets the order in
     which they are served (`decode_order`); it never changes the result. `pdl`: launch with programmatic
     dependent launch (`kernels/pdl.py`), reading q, the new token and the deferred norm's rows only once the
-    kernel before has finished.
+    kernel before has finished. `live` [1] int32 on the device: only rows order[0..live) are served, each cut
+    into splits the GPU picks from `live` as `choose_num_splits` would (a CUDA graph's replay then splits as its
+    step needs); the other rows get zero outputs. It takes an `order` (longest first) and no `new_kv`.
     """
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache, q.dtype)
-    batch, num_q_heads, q_dim = q.shape
-    if q_dim != head_dim:
-        raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even, got {head_dim}")
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if seq_lens.shape[0] < batch or block_tables.shape[0] < batch:
-        raise ValueError("seq_lens/block_tables have fewer rows than q")
+    batch, num_q_heads, _ = q.shape
+    launch.check_rows(q, head_dim, num_kv_heads, seq_lens, block_tables, order, live, new_kv is not None)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if block_tables.stride(-1) != 1:
@@ -299,21 +315,21 @@ def paged_decode_attention(
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if new_kv is not None:
         check_new_kv(new_kv, batch, num_q_heads, num_kv_heads, head_dim)
-    if order is not None and (order.shape != (batch,) or order.dtype != torch.int32):
-        raise ValueError(f"order must be int32 [{batch}], got {order.dtype} {tuple(order.shape)}")
     if batch == 0:
         return out
 
     group = num_q_heads // num_kv_heads
     d_pad = max(16, triton.next_power_of_2(head_dim))
     group_pad = max(16, triton.next_power_of_2(group))
-    if num_splits is None:
+    if live is not None:
+        num_splits = 1  # the grid's; each program takes its own from `live`
+    elif num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
     num_splits = max(1, int(num_splits))
-    splits_pad = triton.next_power_of_2(num_splits)
+    splits_pad = triton.next_power_of_2(num_splits) if live is None else launch.MAX_SPLITS
     block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype, k_cache.dtype)
-    split = num_splits > 1
-    if split:
+    split = num_splits > 1 or live is not None
+    if split:  # with `live`: a row's splits take the slots of the launch's own programs (at most batch)
         part_m, part_l, part_acc, counters = launch.split_workspace(
             batch, num_q_heads, num_kv_heads, num_splits, head_dim, q.device
         )
@@ -333,7 +349,8 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         part_m, part_l, part_acc, counters,
         k_new, v_new, slots, positions, cos_sin, x, bias, order if order is not None else seq_lens,
-        scale * LOG2E, num_q_heads, num_kv_heads, num_splits,
+        live if live is not None else seq_lens,
+        scale * LOG2E, num_q_heads, num_kv_heads, num_splits, launch.target_programs(q.device),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -346,7 +363,7 @@ def paged_decode_attention(
         DEFERRED_NORM=norm is not None, HAS_BIAS=norm is not None and norm.bias is not None,
         X_CHUNK=row_chunk(hidden),
         SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
-        HAS_ORDER=order is not None,
+        HAS_ORDER=order is not None, GPU_SPLIT=live is not None,
         PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)),
         **pdl_kwargs(pdl),
         num_warps=num_warps, num_stages=num_stages,

@@ -19,6 +19,37 @@ MAX_SPLITS = 32
 PROGRAMS_PER_SM = 3
 
 
+def check_rows(
+    q: torch.Tensor,
+    head_dim: int,
+    num_kv_heads: int,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    order: torch.Tensor | None,
+    live: torch.Tensor | None,
+    new_token: bool,
+) -> None:
+    """Raises ValueError where a decode launch's queries, rows, `order` or `live` do not fit together."""
+    batch, num_q_heads, q_dim = q.shape
+    if q_dim != head_dim:
+        raise ValueError(f"q head_dim {q_dim} != cache head_dim {head_dim}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even, got {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if seq_lens.shape[0] < batch or block_tables.shape[0] < batch:
+        raise ValueError("seq_lens/block_tables have fewer rows than q")
+    if order is not None and (order.shape != (batch,) or order.dtype != torch.int32):
+        raise ValueError(f"order must be int32 [{batch}], got {order.dtype} {tuple(order.shape)}")
+    if live is not None and (order is None or new_token or live.dtype != torch.int32):
+        raise ValueError("`live` (int32) takes an `order` and no new token")
+
+
+def target_programs(device: torch.device) -> int:
+    """The programs a decode launch aims for: PROGRAMS_PER_SM on each SM."""
+    return PROGRAMS_PER_SM * num_sms(device)
+
+
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """How many splits to cut each sequence into so that `batch * num_kv_heads * splits` fills the GPU.
 
@@ -26,7 +57,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
     shape, so a captured graph keeps the value it was captured with (it stays correct for any `seq_lens`).
     """
     programs = max(1, batch * num_kv_heads)
-    target = PROGRAMS_PER_SM * num_sms(device)
+    target = target_programs(device)
     if programs >= target:
         return 1
     splits = triton.cdiv(target, programs)

@@ -276,6 +276,7 @@ def test_warm_up_reads_the_cache_and_writes_nothing(long_tile: bool) -> None:
         ([0, 40], [3, 1], 11, 16),  # no leading decodes; more sequence rows than tokens would need
         ([9, 30], [1, 1], 2, 4),  # decodes only: every tile spare
         ([40, 70, 150], [1, 3, 20], 3, 5),  # chunks over long prefixes: their keys are cut when allowed
+        ([600, 20], [1, 5], 2, 8),  # a lone long decode: the decode kernel cuts it into splits on the GPU
     ],
 )
 @pytest.mark.parametrize("key_split", [False, True], ids=["tiles", "key-splits"])
@@ -313,6 +314,7 @@ def test_backend_fixed_shape_mixed_step(prefix_lens, q_lens, num_pad, num_seqs, 
         tile_block_m=block_m,
         split_rows=SPLIT_PARTIAL_ROWS if key_split else 0,
         decode_seq_lens=torch.from_numpy(np.where(np.arange(num_seqs) < decodes, seq_lens, 0)).to(DEVICE),
+        decode_count=torch.tensor([decodes], dtype=torch.int32, device=DEVICE),
         decode_order=_device_order(seq_lens[:decodes], num_seqs),
     )
     out = batch.run()

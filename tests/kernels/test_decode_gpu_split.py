@@ -1,0 +1,149 @@
+"""paged_decode_attention with `live`: the launch of a mixed-step CUDA graph, whose grid is fixed at capture
+while its step's decodes are not. Rows order[0..live) are served, each cut into as many splits as the GPU picks
+from `live`; the rest get zero outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from roseinfer.kernels import paged_decode_split as launch  # noqa: E402
+from roseinfer.kernels.decode_new_token import NewTokenKV  # noqa: E402
+from roseinfer.kernels.paged_decode_attention import (  # noqa: E402
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from roseinfer.kernels.paged_decode_split import choose_num_splits, decode_order, live_counters  # noqa: E402
+from tests.kernels.kernel_utils import (  # noqa: E402
+    DEVICE,
+    DTYPE_IDS,
+    assert_close,
+    generator,
+    make_paged_cache,
+    randn,
+)
+
+
+def expected_splits(rows: int, live: int, num_kv_heads: int, longest: int) -> int:
+    """What an eager launch of the `live` decodes would take (`choose_num_splits`), within the launch's rows."""
+    if live == 0:
+        return 1
+    return min(choose_num_splits(live, num_kv_heads, longest, DEVICE), rows // live)
+
+
+def run_live(
+    monkeypatch: pytest.MonkeyPatch,
+    decode_lens: list[int],
+    rows: int,
+    block_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    target: int | None,
+) -> None:
+    """The step's decodes (`decode_lens`, in row order) in a launch of `rows` rows, served longest first as a
+    graph orders them; the launch aims at `target` programs. Checks the served rows against the reference,
+    the others for zeros, and which partials were written: exactly the live rows' expected splits. `target`
+    None: the device's own."""
+    live = len(decode_lens)
+    gen = generator(
+        "decode-live", decode_lens, rows, block_size, num_heads, num_kv_heads, head_dim, dtype, target
+    )
+    seq_lens = decode_lens + [0] * (rows - live)
+    cache = make_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, gen)
+    q = randn((rows, num_heads, head_dim), dtype, gen)
+    order = np.concatenate([decode_order(np.array(decode_lens, np.int32)), np.arange(live, rows)])
+    workspaces = []
+    shipped = launch.split_workspace
+
+    def nan_workspace(*args, **kwargs):
+        part = shipped(*args, **kwargs)
+        for t in part[:3]:
+            t.fill_(float("nan"))
+        workspaces.append(part)
+        return part
+
+    if target is not None:
+        monkeypatch.setattr(launch, "target_programs", lambda device: target)
+    monkeypatch.setattr(launch, "split_workspace", nan_workspace)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        cache.seq_lens,
+        head_dim**-0.5,
+        out=out,
+        order=torch.from_numpy(order.astype(np.int32)).to(DEVICE),
+        live=torch.tensor([live], dtype=torch.int32, device=DEVICE),
+    )
+    ref = paged_decode_attention_ref(
+        q[:live], cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, head_dim**-0.5
+    )
+    assert_close(out[:live], ref, dtype)
+    assert torch.equal(out[live:], torch.zeros_like(out[live:]))
+
+    splits = expected_splits(rows, live, num_kv_heads, max(decode_lens, default=0))
+    (part_m, _, _, _) = workspaces[0]
+    written = int((~part_m.isnan()).sum())
+    assert written == (live * num_heads * splits if splits > 1 else 0), (written, splits)
+    counters = live_counters(DEVICE)
+    assert counters is not None and not counters.any()  # every merge gave its ticket counter back
+
+
+# Decodes of 0-1,300 keys (block boundaries, odd lengths), served by launches of 1-32 rows: one decode alone
+# (all the rows' slots its splits), a few (the slots shared), as many as the rows (no split), none.
+@pytest.mark.parametrize(
+    ("decode_lens", "rows"),
+    [
+        ([1300], 32),
+        ([1300], 1),
+        ([700, 33, 1300], 16),
+        ([17, 1, 0, 256, 257], 8),
+        ([40, 300, 65, 500], 4),
+        ([], 8),
+    ],
+    ids=["one-long", "one-row", "three", "five-short", "full", "none"],
+)
+@pytest.mark.parametrize("target", [8, 64])
+def test_live_rows_split_on_the_gpu(monkeypatch, decode_lens: list[int], rows: int, target: int) -> None:
+    run_live(monkeypatch, decode_lens, rows, 16, 8, 2, 64, torch.float32, target)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=DTYPE_IDS.get)
+@pytest.mark.parametrize(("block_size", "head_dim", "num_heads"), [(1, 128, 4), (64, 64, 14), (16, 80, 2)])
+def test_live_rows_dtypes_and_shapes(
+    monkeypatch, dtype: torch.dtype, block_size: int, head_dim: int, num_heads: int
+):
+    run_live(monkeypatch, [513, 90, 1], 12, block_size, num_heads, 2, head_dim, dtype, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "decode_lens", [[10240], [4100, 9000, 333], [2000] * 40], ids=["w7", "three", "forty"]
+)
+def test_live_rows_at_llama_shape(monkeypatch, decode_lens: list[int]) -> None:
+    """A 1,024-token mixed graph's 256 rows at llama-3.1-8b's heads: W7's lone 10k-key decode beside a chunk
+    (32 splits on an H100/H200), a few long ones, and enough to fill the GPU unsplit."""
+    if DEVICE.type != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    run_live(monkeypatch, decode_lens, 256, 16, 32, 8, 128, torch.bfloat16, None)
+
+
+def test_live_needs_an_order_and_no_new_token() -> None:
+    cache = make_paged_cache([3, 4], 16, 2, 64, torch.float32, generator("decode-live-bad"))
+    q = torch.zeros((2, 4, 64), device=DEVICE)
+    live = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    order = torch.arange(2, dtype=torch.int32, device=DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 1.0)
+    new_kv = NewTokenKV(
+        torch.zeros((2, 2, 64), device=DEVICE), torch.zeros((2, 2, 64), device=DEVICE), cache.seq_lens
+    )
+    for kwargs in ({}, {"order": order, "new_kv": new_kv}, {"order": order, "live": live.long()}):
+        with pytest.raises(ValueError, match="`live`"):
+            paged_decode_attention(*args, **{"live": live, **kwargs})
