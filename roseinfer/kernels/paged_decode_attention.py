@@ -241,11 +241,12 @@ def _decode_kernel(
 
     o_rows = out_ptr + b64 * stride_ob + heads[:, None] * stride_oh + d[None, :]
     out_dtype = out_ptr.dtype.element_ty
-    whole = not SPLIT
-    merge = SPLIT
     if GPU_SPLIT:
         whole = serves & (num_splits == 1)
         merge = serves & (num_splits > 1)
+    else:  # annotated: a plain assignment would make them tensors, and these ifs runtime ones
+        whole: tl.constexpr = not SPLIT
+        merge: tl.constexpr = SPLIT
     if whole:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(o_rows, out.to(out_dtype), mask=q_mask)
