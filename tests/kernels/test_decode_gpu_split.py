@@ -4,6 +4,11 @@ from `live`; the rest get zero outputs."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -147,3 +152,69 @@ def test_live_needs_an_order_and_no_new_token() -> None:
     for kwargs in ({}, {"order": order, "new_kv": new_kv}, {"order": order, "live": live.long()}):
         with pytest.raises(ValueError, match="`live`"):
             paged_decode_attention(*args, **{"live": live, **kwargs})
+
+
+# Runs in a process of its own, off the interpreter: each launch below, as `paged_decode_attention` makes it on
+# CPU tensors (the recorder stands in for the kernel), compiled for sm_90 with the argument types it passed.
+COMPILE_LAUNCHES_FOR_SM90 = """
+import json
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile
+from roseinfer.kernels import paged_decode_attention as pda
+from roseinfer.kernels.decode_new_token import NewTokenKV
+
+kernel, launches = pda._decode_kernel, []
+
+class Recorder:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launches.append((args, kwargs))
+
+pda._decode_kernel = Recorder()
+types = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
+rows, heads, kv_heads, dim = 8, 32, 8, 128
+q = torch.zeros((rows, heads, dim), dtype=torch.bfloat16)
+cache = torch.zeros((4, 16, kv_heads, dim), dtype=torch.bfloat16)
+tables = torch.zeros((rows, 4), dtype=torch.int32)
+lens = torch.full((rows,), 40, dtype=torch.int32)
+order = torch.arange(rows, dtype=torch.int32)
+rope = (torch.zeros(rows, dtype=torch.int64), torch.zeros((64, dim), dtype=torch.float32))
+new = NewTokenKV(torch.zeros((rows, kv_heads, dim), dtype=torch.bfloat16), torch.zeros_like(q[:, :kv_heads]), lens, rope)
+for kwargs in ({"num_splits": 1, "new_kv": new}, {"num_splits": 3, "new_kv": new}, {"num_splits": 4, "order": order},
+               {"order": order, "live": torch.ones(1, dtype=torch.int32)}):
+    pda.paged_decode_attention(q, cache, cache, tables, lens, 1.0, **kwargs)
+ptx = []
+for args, kwargs in launches:
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl") if k in kwargs}
+    options.pop("launch_pdl", None)
+    names = kernel.arg_names
+    signature, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if isinstance(value, torch.Tensor):
+            signature[name] = types[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if isinstance(value, float) else "i32"
+    constants = {(names.index(k),): v for k, v in kwargs.items()}
+    signature.update({k: "constexpr" for k in kwargs})
+    source = ASTSource(kernel, signature, constants, attrs)
+    ptx.append(triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"])
+print(json.dumps({"merges": ["atom.global" in p for p in ptx]}))
+"""
+
+
+def test_decode_launches_compile_for_hopper() -> None:
+    """No GPU needed: the launches the engine makes (a decode graph's, unsplit and split, with its own token and
+    rotary; an eager mixed step's, split; a mixed-step graph's, split on the GPU) compile for sm_90 from the
+    argument types the launcher passes, and only the split ones hold the merge's atomics. (Unsplit, the launcher
+    passes `out` for the unused counters: a merge compiled into that variant failed on an H200.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE_LAUNCHES_FOR_SM90],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"merges": [False, True, True, True]}
