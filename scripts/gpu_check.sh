@@ -5,7 +5,7 @@
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
-#             kernels-fa3, long-tile, ncu (on request)
+#             kernels-fa3, long-tile, decode-split, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -119,6 +119,11 @@ for s in "${sections[@]}"; do
       run sweep-long-tile '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --shapes llama-3.1-8b --tiles 64x64,128x128 --cases "$C"
       run sweep-long-tile-no-ws '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --no-ws --shapes llama-3.1-8b --tiles 128x128 --cases "$C"
       run offload-W7-long-tile '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_tile.json" ;;
+    decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the decode kernel's
+                   # tests, the mixed-graph e2e test, W7 llama (gpu), then W7's cold round traced (query it with trace-sql)
+      run tests-decode-split 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_gpu_split.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_triton_backend.py "tests/gpu/test_gpu_e2e.py::test_mixed_step_graphs_match_hf_on_gpu"
+      run offload-W7-decode-split '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_decode_split.json"
+      run trace-W7-round1 'wrote' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --outputs 2 --no-progress --profile "$LOGS/w7.json.gz" --profile-gpu-only ;;
     splits)  # prefill attention's key splits: the kernel on short chunks over long prefixes, then W3 qwen (prefix
              # hits) and W2 llama under lof (SPLIT_BUDGETS), each with and without the splits, alternating
       run sweep-prefill-splits '^(shape|llama|qwen|us|grid)' python3 scripts/sweep_prefill_splits.py
