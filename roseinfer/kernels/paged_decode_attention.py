@@ -71,12 +71,10 @@ def _decode_kernel(
     x_ptr,
     bias_ptr,
     order_ptr,
-    live_ptr,
     qk_scale,
     num_q_heads,
     num_kv_heads,
     num_splits,
-    target_programs,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -118,10 +116,10 @@ def _decode_kernel(
     kvh = tl.program_id(0)
     split = tl.program_id(2)
     b = tl.program_id(1)
-    if GPU_SPLIT:
+    if GPU_SPLIT:  # slot_ptr (else read with APPEND only): the live count; num_splits: programs to aim for
         b, part_row, split, num_splits, serves = gpu_split(
-            tl.program_id(1), kvh, order_ptr, seq_lens_ptr, live_ptr, out_ptr, stride_ob, stride_oh,
-            num_kv_heads, target_programs, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, SPLITS_PAD, MIN_KEYS,
+            tl.program_id(1), kvh, order_ptr, seq_lens_ptr, slot_ptr, out_ptr, stride_ob, stride_oh,
+            num_kv_heads, num_splits, GROUP, GROUP_PAD, HEAD_DIM, D_PAD, SPLITS_PAD, MIN_KEYS,
         )  # fmt: skip
     elif HAS_ORDER:
         b = tl.load(order_ptr + b)
@@ -337,7 +335,7 @@ def paged_decode_attention(
     else:
         part_m = part_l = part_acc = counters = out  # unused
     k_new, v_new = (new_kv.k, new_kv.v) if new_kv is not None else (q, q)
-    slots = new_kv.slot_mapping if new_kv is not None else seq_lens
+    slots = new_kv.slot_mapping if new_kv is not None else live if live is not None else seq_lens
     rope = new_kv.rope if new_kv is not None else None
     positions, cos_sin = rope if rope is not None else (seq_lens, out)
     norm = new_kv.norm if new_kv is not None else None
@@ -350,8 +348,8 @@ def paged_decode_attention(
         q, k_cache, v_cache, block_tables, seq_lens, out,
         part_m, part_l, part_acc, counters,
         k_new, v_new, slots, positions, cos_sin, x, bias, order if order is not None else seq_lens,
-        live if live is not None else seq_lens,
-        scale * LOG2E, num_q_heads, num_kv_heads, num_splits, launch.target_programs(q.device),
+        scale * LOG2E, num_q_heads, num_kv_heads,
+        num_splits if live is None else launch.target_programs(q.device),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
