@@ -120,10 +120,13 @@ for s in "${sections[@]}"; do
       run sweep-long-tile-no-ws '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --no-ws --shapes llama-3.1-8b --tiles 128x128 --cases "$C"
       run offload-W7-long-tile '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_tile.json" ;;
     decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the decode kernel's
-                   # tests, the mixed-graph e2e test, W7 llama (gpu), then W7's cold round traced (query it with trace-sql)
+                   # tests, the mixed-graph e2e test, W7 llama (gpu), W7's cold round traced (query it with trace-sql), the
+                   # WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)
       run tests-decode-split 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_gpu_split.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_triton_backend.py "tests/gpu/test_gpu_e2e.py::test_mixed_step_graphs_match_hf_on_gpu"
       run offload-W7-decode-split '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_decode_split.json"
-      run trace-W7-round1 'wrote' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --outputs 2 --no-progress --profile "$LOGS/w7.json.gz" --profile-gpu-only ;;
+      run trace-W7-round1 'wrote' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --outputs 2 --no-progress --profile "$LOGS/w7.json.gz" --profile-gpu-only
+      run launch-host '^(case|  )' python3 scripts/probe_prefill_launch_host.py
+      run sweep-graph '^(shape|llama|qwen)' python3 scripts/sweep_prefill_tiles.py --graph --shapes llama-3.1-8b,qwen3-0.6b --tiles 64x64,128x128 ;;
     splits)  # prefill attention's key splits: the kernel on short chunks over long prefixes, then W3 qwen (prefix
              # hits) and W2 llama under lof (SPLIT_BUDGETS), each with and without the splits, alternating
       run sweep-prefill-splits '^(shape|llama|qwen|us|grid)' python3 scripts/sweep_prefill_splits.py

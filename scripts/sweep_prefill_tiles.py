@@ -3,7 +3,9 @@ height (BLOCK_M), the key tile (BLOCK_N), and optionally warps and pipeline stag
 cached prefix gives few q tiles (tiles x heads programs), which may not fill the GPU at the default 128-row
 tile.
 
-Times one launch (triton's do_bench, median) per (shape, case, tile) and prints us and TFLOP/s. A tile is
+Times one launch (triton's do_bench, median) per (shape, case, tile) and prints us and TFLOP/s. do_bench's events
+wrap each launch: where a launch's host path outlasts the L2 flush before it, the host's time is in the figure
+(short cases then read 30-165 us from call to call); `--graph` times it replayed in a CUDA graph. A tile is
 MxN (warps and stages from `prefill_config`) or MxNxWxS. `--kv-cache-dtype fp8` reads K/V from an fp8 cache;
 `--fp8-dots bf16,fp16` then times each dot type the K/V may widen to (`_common.attention_dot_dtype`).
 
@@ -136,6 +138,12 @@ def main() -> None:
         help="time each cell this many times, the tiles in turn, and keep the least median (a slow outlier "
         "from a clock dip or a neighbour on the host then cannot decide the row)",
     )
+    parser.add_argument(
+        "--graph",
+        action="store_true",
+        help="time each launch replayed in a CUDA graph (do_bench_cudagraph): no host time in it, but no L2 "
+        "flush either (a short case's K/V may stay in L2)",
+    )
     args = parser.parse_args()
     paged_prefill_ws.ENABLED = not args.no_ws
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
@@ -167,7 +175,10 @@ def main() -> None:
             best = [float("inf")] * len(fns)
             for _ in range(args.repeats):
                 for i, fn in enumerate(fns):
-                    us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+                    if args.graph:
+                        us = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+                    else:
+                        us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
                     best[i] = min(best[i], us)
             cells = [f"{us:7.1f} ({flops / us / 1e6:4.0f})" for us in best]
             print(f"{shape:14s}{name:20s}" + "".join(f"{c:>24s}" for c in cells), flush=True)
