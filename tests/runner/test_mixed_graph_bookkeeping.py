@@ -25,13 +25,18 @@ class Forward:
         self.calls: list[dict[str, np.ndarray]] = []
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        assert meta.prefill_tiles is not None and meta.decode_seq_lens is not None
+        assert (
+            meta.prefill_tiles is not None
+            and meta.decode_seq_lens is not None
+            and meta.decode_count is not None
+        )
         self.calls.append(
             {
                 "ids": ids.numpy().copy(),
                 "slots": meta.slot_mapping.numpy().copy(),
                 "query_start_loc": meta.query_start_loc.numpy().copy(),
                 "decode_seq_lens": meta.decode_seq_lens.numpy().copy(),
+                "decode_count": meta.decode_count.numpy().copy(),
                 "tiles": meta.prefill_tiles.numpy().copy(),
             }
         )
@@ -129,6 +134,9 @@ def test_a_replay_feeds_the_step_and_pads_the_rest():
         assert fed["slots"].tolist() == [100 + r for r in range(6)] + [-1] * 10  # padding writes no KV
         assert fed["query_start_loc"].tolist() == [0, 1, 6, 6, 6]  # padding sequences: no new tokens
         assert fed["decode_seq_lens"].tolist() == [4, 0, 0, 0]  # the one leading decode, 3 earlier tokens + 1
+        assert fed["decode_count"].tolist() == [
+            1
+        ]  # the decode kernel's live rows (after three in the step before)
         plan = g.plan(s)
         assert plan is not None
         n = plan.tiles.shape[1]
