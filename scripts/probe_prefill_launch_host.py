@@ -1,7 +1,7 @@
-"""Host time of one paged prefill attention launch, the warp-specialised kernel's (Hopper) against the Triton
-kernel's at the same 128 x 128 tile, and a rotary launch for scale: W7's eager long-tile layers leave the GPU idle
-between the rotary kernel and the WS launch (58 us a layer on average, H200 trace, PERFORMANCE.md "Fifty-fourth
-session"). The GPU is kept busy by a queued sleep, so each call's time is the host's alone. GPU only.
+"""Host time of one paged prefill attention launch, the warp-specialised kernel's (Hopper; by `DirectLaunch`, and
+through Triton's per-call binding as before it) against the Triton kernel's at the same 128 x 128 tile, and a
+rotary launch for scale: W7's eager long-tile layers left the GPU idle between the rotary kernel and the WS
+launch (58 us a layer on average, H200 trace, PERFORMANCE.md "Fifty-fourth session"). The GPU is kept busy by a queued sleep, so each call's time is the host's alone. GPU only.
 
     python scripts/probe_prefill_launch_host.py [--calls 200]
 """
@@ -47,10 +47,16 @@ def main() -> None:
             q, k, v, tables, qsl, sl, longest, heads[2] ** -0.5, out=out, block_m=128, block_n=128
         )
 
-    rows = []
-    for ws in (True, False):
-        paged_prefill_ws.ENABLED = ws
-        rows.append((f"prefill 128x128 {'WS' if ws else 'Triton'}", host_us(prefill, args.calls)))
+    def prefill_through_triton() -> None:  # the WS launch as before DirectLaunch: Triton binds every call
+        paged_prefill_ws.launcher.forget()
+        prefill()
+
+    rows = [
+        ("prefill 128x128 WS", host_us(prefill, args.calls)),
+        ("  the same, through Triton", host_us(prefill_through_triton, args.calls)),
+    ]
+    paged_prefill_ws.ENABLED = False
+    rows.append(("prefill 128x128 Triton", host_us(prefill, args.calls)))
     positions = torch.arange(q.shape[0], device=q.device)
     cos_sin = torch.zeros((positions.numel() + 1, heads[2]), dtype=torch.float32, device=q.device)
     kk = torch.zeros((q.shape[0], heads[1], heads[2]), dtype=q.dtype, device=q.device)

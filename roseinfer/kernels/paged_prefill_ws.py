@@ -17,6 +17,7 @@ warp group 0 zeroes those V rows before either group's last PV (a zero weight wo
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -33,6 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from roseinfer.kernels._common import LOG2E, is_interpret
+from roseinfer.kernels.direct_launch import DirectLaunch, variant_key
 
 BLOCK_M = gl.constexpr(128)
 BLOCK_N = gl.constexpr(128)
@@ -315,16 +317,31 @@ def takes_launch(
     )
 
 
-def _page_descriptor(cache: torch.Tensor) -> TensorDescriptor:
-    """A [num_blocks, block_size, heads x D] view of one layer's cache; a box is one page of half a KV head."""
+class _PageView(NamedTuple):
+    """What the compiled launcher reads of a `_page_descriptor` to encode its TMA descriptor, without
+    TensorDescriptor's checks (run on a launch key's first call; `takes_launch` checks alignment on every call)."""
+
+    base: torch.Tensor
+    shape: list[int]
+    strides: list[int]
+    padding: str = "zero"
+
+
+def _page_view(cache: torch.Tensor) -> _PageView:
+    """A [num_blocks, block_size, heads x D] view of one layer's cache."""
     num_blocks, block_size, heads, head_dim = cache.shape
+    return _PageView(cache, [num_blocks, block_size, heads * head_dim], [cache.stride(0), cache.stride(1), 1])
+
+
+def _page_descriptor(cache: torch.Tensor) -> TensorDescriptor:
+    """`_page_view` as a descriptor whose box is one page of half a KV head."""
+    view = _page_view(cache)
     return TensorDescriptor(
-        cache,
-        [num_blocks, block_size, heads * head_dim],
-        [cache.stride(0), cache.stride(1), 1],
-        [1, block_size, SWIZZLE_COLS],
-        BOX_LAYOUT.value,
+        view.base, view.shape, view.strides, [1, cache.shape[1], SWIZZLE_COLS], BOX_LAYOUT.value
     )
+
+
+launcher = DirectLaunch(_prefill_ws_kernel)
 
 
 def paged_prefill_attention_ws(
@@ -349,25 +366,23 @@ def paged_prefill_attention_ws(
     else:
         grid = (triton.cdiv(max_query_len, BLOCK_M), num_q_heads, query_start_loc.shape[0] - 1 - first_seq)
         tile_ptr, tile_stride = query_start_loc, 0  # not read
-    _prefill_ws_kernel[grid](
-        q,
-        _page_descriptor(k_cache),
-        _page_descriptor(v_cache),
-        block_tables,
-        query_start_loc,
-        seq_lens,
-        out,
-        tile_ptr,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        first_seq,
-        tile_stride,
-        num_q_heads,
-        **launch_constants(num_q_heads, k_cache.shape[2], tiles is not None),
+    specialised = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), num_q_heads)
+    unspecialised = (block_tables.stride(0), first_seq, tile_stride, k_cache.stride(0), v_cache.stride(0))
+    pointers = (q, block_tables, query_start_loc, seq_lens, out, tile_ptr)
+    key = (
+        variant_key(pointers, specialised, unspecialised),
+        k_cache.dtype,
+        k_cache.shape[1:],
+        tiles is not None,
+    )
+    rest = (block_tables, query_start_loc, seq_lens, out, tile_ptr, scale * LOG2E, q.stride(0), q.stride(1),
+            block_tables.stride(0), out.stride(0), out.stride(1), first_seq, tile_stride, num_q_heads)  # fmt: skip
+    launcher(
+        key,
+        grid,
+        (q, _page_view(k_cache), _page_view(v_cache), *rest),
+        launch_constants(num_q_heads, k_cache.shape[2], tiles is not None),
+        lambda: (q, _page_descriptor(k_cache), _page_descriptor(v_cache), *rest),
     )
     return out
 

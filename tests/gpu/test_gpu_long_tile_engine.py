@@ -12,6 +12,7 @@ import torch
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.bench.jit_watch import watch_triton_compiles
+from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels.paged_prefill_attention import _prefill_kernel
 from roseinfer.kernels.paged_prefill_ws import _prefill_ws_kernel
 from roseinfer.kernels.prefill_plan import LONG_TILE
@@ -57,6 +58,7 @@ def forget_prefill_variants() -> None:
     compile the very variants start-up must: without this the start-up watch could not see them."""
     for kernel in (_prefill_kernel, _prefill_ws_kernel):
         kernel.device_caches.clear()
+    paged_prefill_ws.launcher.forget()
 
 
 def engine(directory: str, dtype: str, backend: str, key_splits: bool = True) -> LLM:
