@@ -114,15 +114,15 @@ for s in "${sections[@]}"; do
       done ;;
     long-tile)  # the long tile's kernels (Hopper's warp-specialised one, paged_prefill_ws.py): their tests, the engine
                 # test, the tile sweep with and without it, then W7 llama (gpu)
-      run tests-long-tile 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_prefill_ws.py tests/kernels/test_paged_prefill_attention.py tests/gpu/test_gpu_long_tile_engine.py
+      run tests-long-tile 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_prefill_ws.py tests/kernels/test_direct_launch.py tests/kernels/test_paged_prefill_attention.py tests/gpu/test_gpu_long_tile_engine.py
       C="1 x 1024 over 9216,1 x 1024 over 4096,1 x 1024 over 1024,1 x 768 over 4096,4 x 2048 fresh,1 x 4096 fresh,16 x 512 fresh,1 x 512 over 512"
       run sweep-long-tile '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --shapes llama-3.1-8b --tiles 64x64,128x128 --cases "$C"
       run sweep-long-tile-no-ws '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --no-ws --shapes llama-3.1-8b --tiles 128x128 --cases "$C"
       run offload-W7-long-tile '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_tile.json" ;;
-    decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the decode kernel's
-                   # tests, the mixed-graph e2e test, W7 llama (gpu), W7's cold round traced (query it with trace-sql), the
-                   # WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)
-      run tests-decode-split 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_gpu_split.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_triton_backend.py "tests/gpu/test_gpu_e2e.py::test_mixed_step_graphs_match_hf_on_gpu"
+    decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the GPU-split and
+                   # backend tests, the mixed-graph e2e test (not the decode kernel's whole file: 204 tests outlast a
+                   # call), W7 llama (gpu), W7's cold round traced (query it with trace-sql), the WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)
+      run tests-decode-split 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_gpu_split.py tests/kernels/test_triton_backend.py "tests/gpu/test_gpu_e2e.py::test_mixed_step_graphs_match_hf_on_gpu"
       run offload-W7-decode-split '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_decode_split.json"
       run trace-W7-round1 'wrote' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --outputs 2 --no-progress --profile "$LOGS/w7.json.gz" --profile-gpu-only
       run launch-host '^(case|  )' python3 scripts/probe_prefill_launch_host.py
