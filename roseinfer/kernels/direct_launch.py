@@ -9,6 +9,7 @@ hand the variant's own launcher the arguments as they are.
 The caller's key must fix everything Triton specialises a variant on: the tensors' dtypes and whether their data
 pointers are 16-byte aligned, the constexprs, and the values of the integer arguments not marked
 do_not_specialize (Triton specialises on 1 and on divisibility by 16), and that every integer fits in 32 bits.
+Triton's debug and instrumentation knobs, and the kernel's globals, are read on a key's first launch only.
 """
 
 from __future__ import annotations
