@@ -10,6 +10,9 @@ MxN (warps and stages from `prefill_config`) or MxNxWxS. `--kv-cache-dtype fp8` 
 `--fp8-dots bf16,fp16` then times each dot type the K/V may widen to (`_common.attention_dot_dtype`).
 
     python scripts/sweep_prefill_tiles.py [--tiles 128x32,64x32,64x64,32x64,128x128x8x2] [--shapes llama-3.1-8b]
+
+`--maps` times, replayed in CUDA graphs, the tile-map launches a mixed-step graph of the step's padded size may
+take instead: the 64-row map with key splits (what the graphs launch) and LONG_TILE's map that cuts no key.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from __future__ import annotations
 import argparse
 import functools
 
+import numpy as np
 import torch
 import triton
 
 import roseinfer.kernels.paged_prefill_attention as prefill
 from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention
+from roseinfer.kernels.prefill_plan import LONG_TILE, SPLIT_PARTIAL_ROWS, TilePlanner, prefill_tile_map
 from roseinfer.kv.cache_dtype import KV_CACHE_DTYPES, resolve_kv_cache_dtype
+from roseinfer.runner.mixed_graphs import MAX_CHUNKS, mixed_graph_sizes
 
 HEADS = {"llama-3.1-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 # (chunk tokens, cached prefix tokens) per sequence of the step
@@ -61,6 +67,17 @@ CASES = {
     "1 x 512 over 2048": [(512, 2048)],
     "4 x 256 over 4096": [(256, 4096)] * 4,
     "1 x 384 over 4096": [(384, 4096)],
+    # W6's steps at hit rates 0.3-0.7 (1000-token prompts, a 1024-token budget), and multi-turn follow-ups
+    "1 x 700 over 300": [(700, 300)],
+    "1 x 500 over 500": [(500, 500)],
+    "2 x 500 over 500": [(500, 500)] * 2,
+    "3 x 300 over 700": [(300, 700)] * 3,
+    "1 x 300 over 700": [(300, 700)],
+    "1 x 256 over 256": [(256, 256)],
+    "1 x 384 over 1024": [(384, 1024)],
+    "2 x 256 over 2048": [(256, 2048)] * 2,
+    "1 x 896 fresh": [(896, 0)],
+    "1 x 768 fresh": [(768, 0)],
 }
 
 
@@ -117,6 +134,26 @@ def with_dot_dtype(launch, dot: torch.dtype):
     return run
 
 
+def graph_maps(case: list[tuple[int, int]], heads: tuple[int, int, int], graph_max: int = 4096) -> dict:
+    """The two tile maps a mixed-step graph of the step's padded size could launch for `case`, as
+    (block_m, tiles, split_rows): the 64-row map with key splits, and LONG_TILE's map that cuts no key."""
+    hq, _, d = heads
+    sizes = mixed_graph_sizes(graph_max)
+    total = sum(c for c, _ in case)
+    size = next(s for s in sizes if s >= total)
+    qsl = np.cumsum([0] + [c for c, _ in case])
+    seq_lens = np.array([c + p for c, p in case])
+    planner = TilePlanner(hq, d, torch.bfloat16, torch.device("cuda"))
+    maps = {}
+    for block_m, split in ((64, planner.split), (LONG_TILE[0], None)):
+        q_tiles = -(-size // block_m) + min(size, MAX_CHUNKS)
+        capacity = q_tiles + (planner.split_entries if split is not None else 0)
+        tiles = prefill_tile_map(qsl, seq_lens, 0, block_m, capacity, split)
+        rows = SPLIT_PARTIAL_ROWS if split is not None else 0
+        maps[block_m] = (block_m, torch.from_numpy(tiles).cuda(), rows, int(tiles[3].max()))
+    return maps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiles", default="128x32,64x32,64x64,32x64")
@@ -144,7 +181,14 @@ def main() -> None:
         help="time each launch replayed in a CUDA graph (do_bench_cudagraph): no host time in it, but no L2 "
         "flush either (a short case's K/V may stay in L2)",
     )
+    parser.add_argument(
+        "--maps",
+        action="store_true",
+        help="time the mixed-step graph's 64-row key-split map against LONG_TILE's uncut map, in CUDA graphs",
+    )
     args = parser.parse_args()
+    if args.maps:
+        return sweep_maps(args)
     paged_prefill_ws.ENABLED = not args.no_ws
     tiles = [tuple(map(int, t.split("x"))) for t in args.tiles.split(",")]
     dot_types = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -185,6 +229,32 @@ def main() -> None:
     print(
         f"us per launch (TFLOP/s), the least median of {args.repeats}; do_bench zeroes L2 before each launch"
     )
+
+
+def sweep_maps(args: argparse.Namespace) -> None:
+    print(f"{'shape':14s}{'case':20s}{'64 map us':>12s}{'splits':>8s}{'128 uncut us':>14s}{'ratio':>7s}")
+    for shape in args.shapes.split(","):
+        heads = HEADS[shape]
+        for name in args.cases.split(","):
+            q, k, v, tables, qsl, sl, _, flops = build(CASES[name], heads)
+            if q.shape[0] > 4096:
+                continue
+            best = {}
+            splits = 1
+            for block_m, tiles, rows, most in graph_maps(CASES[name], heads).values():
+                fn = functools.partial(
+                    paged_prefill_attention, q, k, v, tables, qsl, sl, q.shape[0], heads[2] ** -0.5,
+                    block_m=block_m, tiles=tiles, split_rows=rows,
+                )  # fmt: skip
+                splits = max(splits, most)
+                times = [
+                    triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+                    for _ in range(args.repeats)
+                ]
+                best[block_m] = min(times)
+            short, long = best[64], best[LONG_TILE[0]]
+            print(f"{shape:14s}{name:20s}{short:12.1f}{splits:8d}{long:14.1f}{long / short:7.2f}", flush=True)
+    print(f"us per replay, the least median of {args.repeats}; ratio < 1: LONG_TILE's uncut map is faster")
 
 
 if __name__ == "__main__":

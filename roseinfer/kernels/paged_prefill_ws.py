@@ -284,6 +284,17 @@ def _is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
+def runs_on(
+    device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, block_size: int
+) -> bool:
+    """Whether this kernel runs LONG_TILE's uncut launches on `device` at these dtypes and shapes: a Hopper GPU
+    (wgmma), D=128, half-precision queries over a cache of their dtype, pages of 16-128 slots."""
+    if not ENABLED or is_interpret() or device.type != "cuda" or not _is_hopper(device.index or 0):
+        return False
+    pages = (16, 32, 64, 128)  # pages that divide the key tile
+    return dtype in HALF_DTYPES and cache_dtype == dtype and head_dim == HEAD_DIM and block_size in pages
+
+
 def takes_launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -292,28 +303,18 @@ def takes_launch(
     block_n: int | None,
     cuts_keys: bool,
 ) -> bool:
-    """Whether this kernel runs a prefill launch: LONG_TILE's (128 x 128) whose keys are not cut, on a Hopper GPU
-    (wgmma), D=128, half-precision queries over a cache of their dtype, pages of 16-128 slots that divide the key
-    tile, and K/V rows TMA can address (a slot's heads contiguous, 16-byte aligned)."""
-    if not ENABLED or block_m != BLOCK_M or block_n not in (None, BLOCK_N) or cuts_keys:
-        return False
-    if is_interpret() or q.device.type != "cuda" or not _is_hopper(q.device.index or 0):
-        return False
-    if q.dtype not in HALF_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    """Whether this kernel runs a prefill launch: LONG_TILE's (128 x 128) whose keys are not cut, where `runs_on`,
+    with K/V rows TMA can address (a slot's heads contiguous, 16-byte aligned)."""
+    if block_m != BLOCK_M or block_n not in (None, BLOCK_N) or cuts_keys or v_cache.dtype != k_cache.dtype:
         return False
     block_size, _, head_dim = k_cache.shape[1:]
-    return (
-        head_dim == HEAD_DIM
-        and 16 <= block_size <= BLOCK_N
-        and BLOCK_N % block_size == 0
-        and all(
-            c.stride(3) == 1
-            and c.stride(2) == head_dim
-            and c.stride(0) % 8 == 0
-            and c.stride(1) % 8 == 0
-            and c.data_ptr() % 16 == 0
-            for c in (k_cache, v_cache)
-        )
+    return runs_on(q.device, q.dtype, k_cache.dtype, head_dim, block_size) and all(
+        c.stride(3) == 1
+        and c.stride(2) == head_dim
+        and c.stride(0) % 8 == 0
+        and c.stride(1) % 8 == 0
+        and c.data_ptr() % 16 == 0
+        for c in (k_cache, v_cache)
     )
 
 

@@ -28,6 +28,16 @@ PREFIX_CHUNK_TOKENS = 768
 LONG_PREFIX_RATIO = 1  # cached tokens before the chunk, per chunk token
 LONG_TILE_WAVES = 3
 LONG_TILE = (128, 128, 8, 2)
+# In a mixed-step graph, chunks whose 64-row map cuts no key take LONG_TILE's uncut map (a twin graph captured at
+# it, where the warp-specialised kernel runs it) when each has at least as many cached tokens before it and the
+# 128-row tiles are at least GRAPH_LONG_FILL full. Timed in CUDA graphs on an H200 at llama-3.1-8b's heads (us,
+# 64-row map -> LONG_TILE's; `sweep_prefill_tiles.py --maps`): 1 x 1024 over 1024 86 -> 70, 1 x 768 over 768
+# 61 -> 48, 1 x 512 over 4096 118 -> 83, 1 x 384 over 4096 114 -> 77, 4 x 256 over 1000 74 -> 63, 2 x 256 over
+# 2048 62 -> 50, 2 x 500 over 500 52 -> 50. It loses on part-empty tiles (3 x 300 over 700 56 -> 67), where the
+# 64-row map cuts keys (1 x 256 over 4096 66 -> 76, 1 x 100 over 900 20 -> 24), over shorter prefixes (1 x 700
+# over 300 37 -> 40) and on fresh chunks (1 x 768 26 -> 29, 8 x 128 18 -> 27).
+GRAPH_LONG_FILL = 0.9
+GRAPH_LONG_MIN_TOKENS = 256  # the smallest graph with a LONG_TILE twin
 
 
 def long_tile_applies(head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:
@@ -223,6 +233,20 @@ class TilePlanner:
             return False
         programs = int((-(-q_lens // LONG_TILE[0])).sum()) * self.long_split.num_heads
         return programs >= LONG_TILE_WAVES * self.long_split.wave
+
+    def graph_long_tile_pays(self, q_lens: np.ndarray, prefix_lens: np.ndarray) -> bool:
+        """Whether a mixed-step graph's prefill chunks, whose 64-row map cuts no key, run faster in LONG_TILE's
+        uncut map (see GRAPH_LONG_FILL)."""
+        if self.long_split is None or int(q_lens.sum()) < GRAPH_LONG_MIN_TOKENS:
+            return False
+        rows = int((-(-q_lens // LONG_TILE[0])).sum()) * LONG_TILE[0]
+        over_prefixes = bool((prefix_lens >= LONG_PREFIX_RATIO * q_lens).all())
+        return over_prefixes and int(q_lens.sum()) >= GRAPH_LONG_FILL * rows
+
+    def long_tiles_fill_a_wave(self, q_lens: np.ndarray) -> bool:
+        """Whether LONG_TILE's q tiles for these chunks fill a wave, so that its eager map would cut no key."""
+        tiles = int((-(-q_lens // LONG_TILE[0])).sum())
+        return self.long_split is not None and tiles * self.long_split.num_heads >= self.long_split.wave
 
     def split_at(self, block_m: int) -> KeySplit | None:
         """The split policy at the tile `block_m` launches with (its key tiles and its wave)."""

@@ -94,13 +94,14 @@ def capture_graphs(
     body: Callable[[int, AttentionMetadata], torch.Tensor],
     device: torch.device,
     desc: str = "CUDA graphs",
+    pool: tuple[int, int] | None = None,
 ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
     """One graph of `body(size, meta(size))` per size, each after an eager warm-up (Triton compiles, cuBLAS
-    picks its kernels); largest first, so that the smaller ones reuse its memory pool. Maps each size to
-    its graph and the output tensor its replays write. A progress bar named `desc` shows on a terminal (on an
-    empty Triton cache the compiles make this most of start-up: 25 s of llama-3.1-8b's 35)."""
+    picks its kernels); largest first, so that the smaller ones reuse its memory pool (`pool`: start in
+    another set's). Maps each size to its graph and the output tensor its replays write. A progress bar named
+    `desc` shows on a terminal (on an empty Triton cache the compiles make this most of start-up: 25 s of
+    llama-3.1-8b's 35)."""
     graphs = {}
-    pool = None
     for size in tqdm(sorted(sizes, reverse=True), desc=desc, unit="graph", disable=None, leave=False):
         m = meta(size)
         body(size, m)

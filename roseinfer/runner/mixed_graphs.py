@@ -11,7 +11,9 @@ graph's token count T:
   those decodes into splits on the GPU (a lone long decode beside a chunk would otherwise run unsplit: 290 us
   a layer for 10k keys of llama-3.1-8b on an H200);
 - the prefill kernel runs a tile map of fixed length, whose spare programs return at once; the map may cut
-  long tiles' keys across programs (kernels/prefill_plan.py).
+  long tiles' keys across programs (kernels/prefill_plan.py). On Hopper, each graph of GRAPH_LONG_MIN_TOKENS or
+  more has a twin captured at LONG_TILE's 128-row tile, whose map cuts no key (the warp-specialised kernel), for
+  chunks over long cached prefixes.
 
 The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
 sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.
@@ -24,6 +26,7 @@ way, and a graph only adds its padding.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -32,12 +35,17 @@ import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import ModelConfig
+from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels.prefill_plan import (
+    GRAPH_LONG_MIN_TOKENS,
+    LONG_TILE,
     SPLIT_PARTIAL_ROWS,
     TILE_ROWS,
     TilePlanner,
+    cuts_keys,
     leading_decodes,
     prefill_block_m,
+    prefill_tile_map,
 )
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs, held_weakly
 from roseinfer.runner.inputs import ALIGN, HostStep, fill_pending
@@ -94,6 +102,7 @@ class MixedPlan(NamedTuple):
     size: int  # the graph's token count
     decodes: int  # the step's leading decodes
     tiles: np.ndarray  # the prefill kernel's tile map [TILE_ROWS, N]
+    long: bool = False  # the twin graph at LONG_TILE's tile
 
 
 def _aligned(n: int) -> int:
@@ -128,10 +137,16 @@ class MixedGraphs:
         # Every q tile of t tokens, one more per prompt chunk, and room for key splits.
         self.q_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
         self.num_tiles = {t: self.planner.capacity(n) for t, n in self.q_tiles.items()}
+        long = self.planner.long_split is not None and paged_prefill_ws.runs_on(
+            device, dtype, cache_dtype or dtype, head_dim, block_size
+        )
+        self.long_sizes = [t for t in self.sizes if t >= GRAPH_LONG_MIN_TOKENS] if long else []
+        # Every 128-row q tile of t tokens and one more per prompt chunk; no key splits.
+        self.long_tiles = {t: -(-t // LONG_TILE[0]) + min(self._seqs(t), max_chunks) for t in self.long_sizes}
         t_max, s_max = self.max_tokens, self._seqs(self.max_tokens)
         self.token_stride, self.seq_stride = _aligned(t_max + 1), _aligned(s_max + 1)
         self.tiles_at = len(TOKEN_ROWS) * self.token_stride + len(SEQ_ROWS) * self.seq_stride
-        tiles_stride = _aligned(max(self.num_tiles.values(), default=0))
+        tiles_stride = _aligned(max([*self.num_tiles.values(), *self.long_tiles.values()], default=0))
         self.tables_at = self.tiles_at + TILE_ROWS * tiles_stride
         numel = self.tables_at + s_max * self.width
         self.inputs = torch.zeros(numel, dtype=torch.int32, device=device)
@@ -151,12 +166,14 @@ class MixedGraphs:
         self._hosts = (HostInputs(numel, pin), HostInputs(numel, pin))
         self._num_runs = 0
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.long_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     def _seqs(self, tokens: int) -> int:
         return min(tokens, self.max_num_seqs)
 
-    def _meta(self, size: int) -> AttentionMetadata:
+    def _meta(self, size: int, long: bool = False) -> AttentionMetadata:
         s = self._seqs(size)
+        num_tiles = self.long_tiles[size] if long else self.num_tiles[size]
         return AttentionMetadata(
             slot_mapping=self.slots[:size],
             query_start_loc=self.query_start_loc[: s + 1],
@@ -166,9 +183,9 @@ class MixedGraphs:
             max_seq_len=self.width * self.block_size,  # launch shapes for the longest context
             query_start_loc_cpu=[],  # no host copies: nothing in a graph may read them
             seq_lens_cpu=[],
-            prefill_tiles=self.tiles[:, : self.num_tiles[size]],
-            tile_block_m=self.block_m[size],
-            split_rows=SPLIT_PARTIAL_ROWS if self.planner.split is not None else 0,
+            prefill_tiles=self.tiles[:, :num_tiles],
+            tile_block_m=LONG_TILE[0] if long else self.block_m[size],
+            split_rows=SPLIT_PARTIAL_ROWS if self.planner.split is not None and not long else 0,
             decode_seq_lens=self.decode_seq_lens[:s],
             decode_count=self.decode_count,
             decode_order=self.decode_order[:s],
@@ -182,6 +199,15 @@ class MixedGraphs:
 
     def capture(self) -> None:
         self.graphs = capture_graphs(self.sizes, self._meta, self.body, self.device, "mixed-step graphs")
+        if self.long_sizes:  # in the same memory pool: a replay of one leaves nothing the other reads
+            long_meta = functools.partial(self._meta, long=True)
+            pool = self.graphs[self.max_tokens][0].pool()
+            self.long_graphs = capture_graphs(
+                self.long_sizes, long_meta, self.body, self.device, "mixed-step graphs, long tile", pool
+            )
+
+    def num_graphs(self) -> int:
+        return len(self.graphs) + len(self.long_graphs)
 
     def plan(self, step: HostStep) -> MixedPlan | None:
         """The smallest captured graph that holds the step, with the step's decodes and tile map; None: run
@@ -199,14 +225,31 @@ class MixedGraphs:
         q_lens = np.diff(step.query_start_loc)
         decodes = leading_decodes(q_lens)
         chunks = q_lens[decodes:]
-        if self.planner.long_tile_pays(chunks, step.seq_lens[decodes : len(q_lens)] - chunks):
-            return None  # eager, in LONG_TILE: such a step's attention outweighs its launches
+        prefixes = step.seq_lens[decodes : len(q_lens)] - chunks
+        if self.planner.long_tile_pays(chunks, prefixes):
+            # The twin graph where LONG_TILE's eager map would not cut keys either; else eager.
+            return (
+                self._long_plan(step, size, decodes) if self.planner.long_tiles_fill_a_wave(chunks) else None
+            )
         block_m, n = self.block_m[size], self.num_tiles[size]
         if int((-(-chunks // block_m)).sum()) > self.q_tiles[size]:
             return None
-        return MixedPlan(
-            size, decodes, self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
-        )
+        tiles = self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
+        if not cuts_keys(tiles) and self.planner.graph_long_tile_pays(chunks, prefixes):
+            return self._long_plan(step, size, decodes) or MixedPlan(size, decodes, tiles)
+        return MixedPlan(size, decodes, tiles)
+
+    def _long_plan(self, step: HostStep, size: int, decodes: int) -> MixedPlan | None:
+        """The step in the twin graph of `size` at LONG_TILE's tile, with a map that cuts no key; None where
+        there is no such twin or its map cannot hold the chunks' q tiles."""
+        if size not in self.long_graphs:
+            return None
+        chunks = np.diff(step.query_start_loc)[decodes:]
+        n = self.long_tiles[size]
+        if int((-(-chunks // LONG_TILE[0])).sum()) > n:
+            return None
+        tiles = prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, LONG_TILE[0], n)
+        return MixedPlan(size, decodes, tiles, long=True)
 
     def run(self, step: HostStep, plan: MixedPlan, prev_sampled: torch.Tensor | None) -> torch.Tensor:
         """Replays the graph `plan` names; returns the hidden states of the sampled rows [R, H], gathered
@@ -242,6 +285,6 @@ class MixedGraphs:
                 raise RuntimeError("a step feeds pending tokens, but no earlier step sampled any")
             k = min(len(prev_sampled), len(self.prev))  # plan: no fill reads a row past these
             self.prev[:k].copy_(prev_sampled[:k])
-        graph, hidden = self.graphs[size]
+        graph, hidden = (self.long_graphs if plan.long else self.graphs)[size]
         graph.replay()
         return hidden[self.logits_index[:r].long()]

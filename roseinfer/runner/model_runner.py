@@ -117,8 +117,7 @@ class ModelRunner:
         cap = auto_mixed_graph_max_tokens(self.cfg) if cap is None else cap
         # The largest step with prefill work that replays a graph (where graphs are captured at all).
         self.mixed_graph_max_tokens = min(cap, config.scheduler.max_num_batched_tokens)
-        # Steps launched by each path: decode graph, mixed-step graph, eager; of the last two, those whose
-        # prefill attention cut some chunk's keys across programs; of the eager ones, those in LONG_TILE.
+        # Steps by path: decode graph, mixed-step graph, eager; of the last two, those that cut prefill keys or took LONG_TILE.
         self.step_paths = {"decode_graph": 0, "mixed_graph": 0, "eager": 0, "key_split": 0, "long_tile": 0}
         self.sampling = SamplingState(
             self.cfg.vocab_size, self.device, config.seed, config.scheduler.max_num_seqs
@@ -242,7 +241,7 @@ class ModelRunner:
     def num_graphs(self) -> tuple[int, int]:
         """Captured graphs: (decode, mixed-step)."""
         decode = len(self.graphs.graphs) if self.graphs is not None else 0
-        mixed = len(self.mixed_graphs.graphs) if self.mixed_graphs is not None else 0
+        mixed = self.mixed_graphs.num_graphs() if self.mixed_graphs is not None else 0
         return decode, mixed
 
     def build_mixed_graphs(self, max_tokens: int, max_chunks: int = MAX_CHUNKS) -> MixedGraphs:
@@ -342,6 +341,7 @@ class ModelRunner:
                 assert self.mixed_graphs is not None
                 sampled_hidden = self.mixed_graphs.run(step, mixed, self.last_sampled)
                 self.step_paths["key_split"] += cuts_keys(mixed.tiles)
+                self.step_paths["long_tile"] += mixed.long
                 if rows:
                     logits = self.model.compute_logits(sampled_hidden)
                 self.step_paths["mixed_graph"] += 1

@@ -61,14 +61,14 @@ def forget_prefill_variants() -> None:
     paged_prefill_ws.launcher.forget()
 
 
-def engine(directory: str, dtype: str, backend: str, key_splits: bool = True) -> LLM:
+def engine(directory: str, dtype: str, backend: str, key_splits: bool = True, eager: bool = True) -> LLM:
     return LLM(
         directory,
         device="cuda",
         dtype=dtype,
         block_size=16,
         attention_backend=backend,
-        enforce_eager=True,  # prompt logprobs run eagerly anyway; long-tile steps always do
+        enforce_eager=eager,  # prompt logprobs run eagerly anyway
         num_kv_blocks=2 * PROMPT // 16,
         max_num_seqs=4,
         max_num_batched_tokens=CHUNK,
@@ -131,3 +131,45 @@ def test_long_tile_prompt_logprobs_match_a_float32_forward(
     long_mean, plain_mean = long_errors.mean().item(), plain_errors.mean().item()
     assert long_mean < 0.1 and long_errors.max().item() < 1.0, (long_mean, long_errors.max().item())
     assert long_mean <= 2 * plain_mean + 0.01, (long_mean, plain_mean)
+
+
+def test_long_tile_graph_twins_match_a_float32_forward(tmp_path) -> None:
+    """Mixed-step graphs with LONG_TILE twins, at llama-3.1-8b's heads in 1,024-token steps: a 1,536-token prompt's
+    second chunk (512 over 1,024 cached tokens, whose 64-row map cuts no key) replays a twin by the graphs' rule,
+    a 1,792-token prompt's (768 over 1,024) by LONG_TILE's own; the first chunks (fresh) replay 64-row graphs. The
+    first token's top logprobs after each prompt against a float32 forward of it, beside the same engine eager."""
+    if not paged_prefill_ws.runs_on(torch.device("cuda"), torch.bfloat16, torch.bfloat16, 128, 16):
+        pytest.skip("twins are captured only where the warp-specialised kernel runs (Hopper)")
+    directory = str(tmp_path)
+    vocab = save_model(directory, 32, 8)
+    prompts = random_prompts(vocab, seed=11, lengths=[CHUNK + 512, CHUNK + 768])
+    ref_engine = engine(directory, "float32", "torch")
+    refs = [reference(ref_engine, p)[-1] for p in prompts]
+    del ref_engine
+    free_gpu()
+    asked = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, logprobs=5)
+
+    def errors(llm: LLM) -> torch.Tensor:
+        errs = []
+        for prompt, ref in zip(prompts, refs, strict=True):
+            (out,) = llm.generate([prompt], asked, use_tqdm=False)
+            (top,) = out.outputs[0].logprobs
+            errs += [abs(lp.logprob - float(ref[token])) for token, lp in top.items()]
+        return torch.tensor(errs)
+
+    forget_prefill_variants()
+    llm = engine(directory, "bfloat16", "triton", eager=False)
+    mixed = llm.engine.core.runner.mixed_graphs
+    assert mixed is not None and mixed.long_sizes and set(mixed.long_graphs) == set(mixed.long_sizes)
+    with watch_triton_compiles() as serving:
+        twin_errors = errors(llm)
+    paths = dict(llm.engine.core.runner.step_paths)
+    assert (paths["mixed_graph"], paths["long_tile"], paths["eager"]) == (4, 2, 0), paths
+    assert not any(LONG_VARIANT.search(v) for v in serving.variants), serving.variants
+    del llm, mixed
+    free_gpu()
+    eager_errors = errors(engine(directory, "bfloat16", "triton"))
+    free_gpu()
+    twin_mean, eager_mean = twin_errors.mean().item(), eager_errors.mean().item()
+    assert twin_mean < 0.1 and twin_errors.max().item() < 0.5, twin_errors
+    assert twin_mean <= 2 * eager_mean + 0.02, (twin_mean, eager_mean)

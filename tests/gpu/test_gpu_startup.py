@@ -35,8 +35,7 @@ def test_the_start_up_report_counts_graphs_and_memory_on_gpu(tmp_path, enforce_e
         assert report.line().endswith("no CUDA graphs")
     else:
         assert report.num_decode_graphs == len(runner.graphs.sizes) > 0
-        assert report.num_mixed_graphs == len(runner.mixed_graphs.sizes) > 0
+        mixed = len(runner.mixed_graphs.sizes) + len(runner.mixed_graphs.long_sizes)  # LONG_TILE's twins
+        assert report.num_mixed_graphs == mixed > 0
         assert graphs.device_bytes > 0 and graphs.seconds > 0
-        assert report.line().endswith(
-            f"CUDA graphs: {len(runner.graphs.sizes)} decode, {len(runner.mixed_graphs.sizes)} mixed-step"
-        )
+        assert report.line().endswith(f"CUDA graphs: {len(runner.graphs.sizes)} decode, {mixed} mixed-step")

@@ -154,6 +154,30 @@ def test_ws_never_takes_a_cpu_launch() -> None:
     assert not paged_prefill_ws.takes_launch(q, k, v, BLOCK_M, None, cuts_keys=False)
 
 
+def test_runs_on_hopper_at_d128_in_half_precision_with_pages_that_divide_the_key_tile(monkeypatch) -> None:
+    """The device-level half of `takes_launch`, which the mixed-step graphs ask before capturing LONG_TILE twins."""
+    hopper = {"yes": True}
+    monkeypatch.setattr(paged_prefill_ws, "_is_hopper", lambda index: hopper["yes"])
+    monkeypatch.setattr(paged_prefill_ws, "is_interpret", lambda: False)
+    cuda, bf16, fp16 = torch.device("cuda", 0), torch.bfloat16, torch.float16
+
+    def runs(device=cuda, dtype=bf16, cache=bf16, head_dim=128, block_size=16) -> bool:
+        return paged_prefill_ws.runs_on(device, dtype, cache, head_dim, block_size)
+
+    assert all(runs(block_size=b) for b in (16, 32, 64, 128)) and runs(dtype=fp16, cache=fp16)
+    assert not any(runs(block_size=b) for b in (1, 8, 48, 256))
+    assert not runs(cache=torch.float8_e4m3fn) and not runs(dtype=torch.float32, cache=torch.float32)
+    assert not runs(cache=fp16) and not runs(head_dim=64) and not runs(device=torch.device("cpu"))
+    monkeypatch.setattr(paged_prefill_ws, "ENABLED", False)
+    assert not runs()
+    monkeypatch.setattr(paged_prefill_ws, "ENABLED", True)
+    hopper["yes"] = False
+    assert not runs()
+    hopper["yes"] = True
+    monkeypatch.setattr(paged_prefill_ws, "is_interpret", lambda: True)
+    assert not runs()
+
+
 COMPILE_FOR_SM90 = """
 import json
 from triton.backends.compiler import GPUTarget

@@ -10,6 +10,8 @@ import torch
 
 from roseinfer.kernels import prefill_plan
 from roseinfer.kernels.prefill_plan import (
+    GRAPH_LONG_FILL,
+    GRAPH_LONG_MIN_TOKENS,
     LONG_CHUNK_TOKENS,
     LONG_PREFIX_RATIO,
     LONG_TILE,
@@ -320,3 +322,52 @@ def test_an_eager_step_in_the_long_tile_gets_its_map(monkeypatch: pytest.MonkeyP
     assert got is not None and got[1] == LONG_TILE[0]
     assert (got[0][3] == 2).all() and got[0].shape[1] * 8 <= 132  # 16 programs a head: one wave
     assert partial_rows(got[0]) == SPLIT_PARTIAL_ROWS
+
+
+def test_a_graph_takes_the_long_tile_for_full_tiles_over_long_prefixes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a mixed-step graph (whose 64-row map the caller has found to cut no key), LONG_TILE's uncut map for chunks
+    each over at least LONG_PREFIX_RATIO times as many cached tokens, of GRAPH_LONG_MIN_TOKENS or more in all,
+    whose 128-row tiles are GRAPH_LONG_FILL full; the cases the `--maps` sweep timed on both sides of the rule."""
+    planner = _long_planner(monkeypatch)
+    assert LONG_PREFIX_RATIO == 1 and GRAPH_LONG_FILL == 0.9 and GRAPH_LONG_MIN_TOKENS == 256
+
+    def pays(q_lens: list[int], prefixes: list[int], p: TilePlanner = planner) -> bool:
+        return p.graph_long_tile_pays(np.array(q_lens), np.array(prefixes))
+
+    for q_lens, prefix in (([1024], 1024), ([768], 768), ([512], 4096), ([384], 4096), ([256] * 4, 1000)):
+        assert pays(q_lens, [prefix] * len(q_lens)), (q_lens, prefix)
+    assert pays([256, 256], [2048, 256]) and pays([500, 500], [500, 500])
+    assert not pays([300] * 3, [700] * 3)  # 900 rows in 9 tiles of 128: 78% full
+    assert pays([116] * 4, [4096] * 4) and not pays([115] * 4, [4096] * 4)  # 464 and 460 rows of 512
+    assert not pays([700], [300]) and not pays([768], [767]) and not pays([512, 512], [512, 511])
+    assert not pays([768], [0]) and not pays([128] * 8, [0] * 8)  # fresh chunks
+    assert not pays([128], [4096]) and not pays([255], [4096]) and pays([256], [4096])  # the least work
+    for other in (
+        _long_planner(monkeypatch, dtype=torch.float32),
+        _long_planner(monkeypatch, cache_dtype=torch.float8_e4m3fn),
+        _long_planner(monkeypatch, head_dim=64),
+        _long_planner(monkeypatch, key_splits=False),
+    ):
+        assert not pays([1024], [1024], other)
+
+
+def test_long_tiles_fill_a_wave_where_the_eager_map_cuts_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `long_tiles_fill_a_wave` holds, LONG_TILE's eager map of the chunks cuts no key (a mixed-step graph's
+    twin, which cuts none, runs it as fast): at 32 heads (one 8-warp program an SM, 132 SMs) from 5 q tiles of 128
+    rows on, at 8 heads from 17. Over a long prefix, fewer tiles have their keys cut."""
+    cut_below = {32: 0, 8: 0, 4: 0}
+    for heads in (32, 8, 4):
+        planner = _long_planner(monkeypatch, num_heads=heads)
+        for q_len in range(128, 20 * 128 + 1, 64):
+            q_lens = np.array([1, q_len])
+            qsl, lens = np.concatenate([[0], np.cumsum(q_lens)]), np.array([900, q_len + 60_000])
+            tiles = planner.tile_map(qsl, lens, 1, LONG_TILE[0], planner.capacity(-(-q_len // 128)))
+            fills = planner.long_tiles_fill_a_wave(q_lens[1:])
+            assert fills == (-(-q_len // 128) * heads >= 132), (heads, q_len)
+            if fills:
+                assert (tiles[3] <= 1).all(), (heads, q_len)
+            else:
+                cut_below[heads] += bool((tiles[3] > 1).any())
+    assert cut_below[32] > 0 and cut_below[8] > 0 and cut_below[4] > 0, cut_below

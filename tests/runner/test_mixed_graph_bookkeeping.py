@@ -4,11 +4,14 @@ with stand-in replays that run the graphs' own body over their buffers; expectat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
+from roseinfer.kernels import paged_prefill_ws, prefill_plan
 from roseinfer.runner.inputs import HostStep
 from roseinfer.runner.mixed_graphs import MixedGraphs
 
@@ -38,18 +41,20 @@ class Forward:
                 "decode_seq_lens": meta.decode_seq_lens.numpy().copy(),
                 "decode_count": meta.decode_count.numpy().copy(),
                 "tiles": meta.prefill_tiles.numpy().copy(),
+                "block_m": meta.tile_block_m,
+                "split_rows": meta.split_rows,
             }
         )
         return ids.float().unsqueeze(1).expand(len(ids), HIDDEN).clone()
 
 
 class Replay:
-    def __init__(self, graphs: MixedGraphs, size: int) -> None:
-        self.graphs, self.size = graphs, size
+    def __init__(self, graphs: MixedGraphs, size: int, long: bool = False) -> None:
+        self.graphs, self.size, self.long = graphs, size, long
         self.out = torch.zeros(size, HIDDEN)
 
     def replay(self) -> None:
-        self.out.copy_(self.graphs.body(self.size, self.graphs._meta(self.size)))
+        self.out.copy_(self.graphs.body(self.size, self.graphs._meta(self.size, self.long)))
 
 
 def graphs(max_tokens: int = 32, max_chunks: int = 2) -> tuple[MixedGraphs, Forward]:
@@ -161,18 +166,87 @@ def test_pending_ids_come_from_the_previous_step_and_touch_no_other_row(prev_len
 
 
 def test_a_step_that_pays_for_the_long_tile_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At llama-3.1-8b's heads on a GPU, a 1024-token chunk over 9216 cached tokens takes LONG_TILE, which the
-    graphs (captured at the 64-row tile) do not hold: it runs eagerly. The same chunk fresh stays in a graph."""
-    from dataclasses import replace
-
-    from roseinfer.kernels import prefill_plan
-
+    """At llama-3.1-8b's heads on a GPU without the warp-specialised kernel, a 1024-token chunk over 9216 cached
+    tokens takes LONG_TILE, which the graphs (captured at the 64-row tile, no twins) do not hold: it runs eagerly.
+    The same chunk fresh stays in a graph."""
     monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
     monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
     g = MixedGraphs(Forward(), CPU, 1040, MAX_SEQS, 700, 16, 32, 128, torch.bfloat16, 2)
     g.graphs = {s: (None, None) for s in g.sizes}
+    assert g.long_sizes == [] and g.long_tiles == {}  # runs_on: not on a CPU device
     fresh = step([1, 1024], width=700)
     assert size_of(g, fresh) == 1040 and g.block_m[1040] == 64
     over_prefix = replace(fresh, seq_lens=np.array([50, 1024 + 9216], np.int32))
     assert size_of(g, over_prefix) is None
     assert size_of(g, replace(fresh, seq_lens=np.array([50, 1024 + 1023], np.int32))) == 1040
+
+
+def long_graphs(monkeypatch: pytest.MonkeyPatch, num_heads: int = 32) -> tuple[MixedGraphs, Forward]:
+    """Graphs up to 1040 tokens as on a Hopper GPU of 132 SMs (the warp-specialised kernel runs LONG_TILE's uncut
+    maps there), at `num_heads` query heads of 128; each from 256 tokens on with a twin; replays on the CPU."""
+    monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    monkeypatch.setattr(paged_prefill_ws, "runs_on", lambda *args: True)
+    forward = Forward()
+    g = MixedGraphs(forward, CPU, 1040, MAX_SEQS, 700, 16, num_heads, 128, torch.bfloat16, 2)
+    g.graphs = {s: (r, r.out) for s, r in ((s, Replay(g, s)) for s in g.sizes)}
+    g.long_graphs = {s: (r, r.out) for s, r in ((s, Replay(g, s, long=True)) for s in g.long_sizes)}
+    return g, forward
+
+
+def over(q_lens: list[int], prefixes: list[int]) -> HostStep:
+    """A step of chunks `q_lens` over `prefixes` cached tokens each (a prefix of 0 with one token: a decode)."""
+    return replace(
+        step(q_lens, width=700), seq_lens=np.array(q_lens, np.int32) + np.array(prefixes, np.int32)
+    )
+
+
+def test_chunks_over_long_prefixes_replay_the_long_tile_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From 256 tokens on, each graph has a twin at LONG_TILE's tile (`long_sizes`), whose map cuts no key. A step
+    replays it where its chunks over long prefixes pay for it, in the graph of the step's padded size, fed the
+    128-row map at the twin's capacity without partials; it replays the 64-row graph otherwise."""
+    g, forward = long_graphs(monkeypatch)
+    assert g.long_sizes == [s for s in g.sizes if s >= 256] and g.long_sizes[0] == 256
+    assert g.long_tiles[576] == 576 // 128 + 1 + 2  # q tiles, one more per chunk (two), no split entries
+    cases = {  # (q_lens, prefixes) -> (size, long)
+        ((1, 512), (49, 1024)): (576, True),  # the 64-row map's 8 tiles x 32 heads cut no key
+        ((1, 512), (49, 0)): (576, False),  # fresh
+        ((1, 256), (49, 4096)): (320, False),  # the 64-row map cuts its keys (checked below)
+        ((300, 300, 300), (700, 700, 700)): (960, False),  # 128-row tiles 78% full
+        ((256, 256, 256), (1000, 1000, 1000)): (768, True),
+        ((1, 1024), (49, 9216)): (1040, True),  # LONG_TILE pays; its 8 tiles x 32 heads fill a wave
+        ((1, 1024), (49, 0)): (1040, False),
+    }
+    for (q_lens, prefixes), (size, long) in cases.items():
+        s = over(list(q_lens), list(prefixes))
+        plan = g.plan(s)
+        assert plan is not None and (plan.size, plan.long) == (size, long), (q_lens, prefixes, plan)
+        hidden = g.run(s, plan, None)
+        fed = forward.calls[-1]
+        n = plan.tiles.shape[1]
+        assert fed["block_m"] == (128 if long else 64) and (fed["split_rows"] == 0) == long
+        assert fed["tiles"].shape[1] == (g.long_tiles if long else g.num_tiles)[size] == n
+        assert (fed["tiles"] == plan.tiles).all()
+        if long:  # every 128-row q tile of the chunks once, uncut
+            chunks = np.array(q_lens[1:] if q_lens[0] == 1 else q_lens)
+            assert int((plan.tiles[0] >= 0).sum()) == int((-(-chunks // 128)).sum())
+            assert (plan.tiles[3] <= 1).all()
+        assert hidden[:, 0].tolist() == [9 + e for e in np.cumsum(q_lens)]  # each sequence's last token
+    cut = g.plan(over([1, 256], [49, 4096]))
+    assert cut is not None and (cut.tiles[3] > 1).any()
+    assert g.num_graphs() == len(g.sizes) + len(g.long_sizes)
+
+
+def test_a_long_tile_step_whose_eager_map_would_cut_keys_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 4 heads, LONG_TILE's 8 q tiles of a 1024-token chunk over 9216 cached tokens leave most of a wave free:
+    its eager map cuts their keys, which the twin (a map that cuts none) could not, so the step runs eagerly. The
+    graph rule's chunk at 4 heads cuts its 64-row map's keys, and replays the 64-row graph."""
+    g, _ = long_graphs(monkeypatch, num_heads=4)
+    assert g.plan(over([1, 1024], [49, 9216])) is None
+    plan = g.plan(over([1, 512], [49, 1024]))
+    assert plan is not None and not plan.long and (plan.tiles[3] > 1).any()
+    g32, _ = long_graphs(monkeypatch)  # twins not captured: the rule's steps keep the 64-row graph
+    g32.long_graphs = {}
+    plan = g32.plan(over([1, 512], [49, 1024]))
+    assert plan is not None and not plan.long and plan.size == 576
+    assert g32.plan(over([1, 1024], [49, 9216])) is None
