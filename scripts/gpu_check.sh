@@ -5,7 +5,7 @@
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
-#             kernels-fa3, long-tile, decode-split, ncu (on request)
+#             kernels-fa3, long-tile, decode-split, long-graphs, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -119,6 +119,14 @@ for s in "${sections[@]}"; do
       run sweep-long-tile '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --shapes llama-3.1-8b --tiles 64x64,128x128 --cases "$C"
       run sweep-long-tile-no-ws '^(shape|llama)' python3 scripts/sweep_prefill_tiles.py --no-ws --shapes llama-3.1-8b --tiles 128x128 --cases "$C"
       run offload-W7-long-tile '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_tile.json" ;;
+    long-graphs)  # the mixed-step graphs' LONG_TILE twins (Hopper): their tests, both maps timed in graphs on llama-3.1-8b's and
+                  # qwen3-0.6b's heads, follow-up turns over cached histories with the twins on and off, then W7 llama (gpu)
+      run tests-long-graphs 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_long_tile_engine.py tests/runner/test_mixed_graph_bookkeeping.py tests/kernels/test_prefill_plan_host.py tests/gpu/test_gpu_startup.py
+      C="1 x 1024 fresh,1 x 768 fresh,8 x 128 fresh,1 x 1024 over 1024,1 x 768 over 768,1 x 700 over 300,1 x 512 over 512,2 x 500 over 500,3 x 300 over 700,1 x 384 over 4096,1 x 512 over 4096,1 x 256 over 4096,4 x 256 over 1000,2 x 256 over 2048,1 x 100 over 900,1 x 1015 over 9216"
+      run sweep-maps '^(shape|llama|qwen)' python3 scripts/sweep_prefill_tiles.py --maps --repeats 2 --shapes llama-3.1-8b,qwen3-0.6b --cases "$C"
+      run ab-long-graphs-llama '^(llama|twins|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape llama-3.1-8b
+      run ab-long-graphs-qwen3 '^(qwen|twins|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape qwen3-0.6b
+      run offload-W7-long-graphs '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_graphs.json" ;;
     decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the GPU-split and
                    # backend tests, the mixed-graph e2e test (not the decode kernel's whole file: 204 tests outlast a
                    # call), W7 llama (gpu), W7's cold round traced (query it with trace-sql), the WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)

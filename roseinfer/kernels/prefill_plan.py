@@ -21,8 +21,8 @@ from roseinfer.kv.cache_dtype import is_fp8
 # 483 -> 441, 1 x 2048 148 -> 136, 1 x 4096 465 -> 410. A lone fresh 1024-token chunk (two waves of unequal
 # programs) keeps the 64-row tile: 56 -> 54, but 87 -> 170 when swept first on a cold GPU. Shorter fresh
 # chunks lose (16 x 512 184 -> 194). On Hopper the launches that cut no key run the warp-specialised kernel
-# (`paged_prefill_ws.py`), 1.15-1.39x faster than these 128 x 128 figures; the rule was not re-tuned for it
-# (where it would now win, and why those steps keep the 64-row tile: PERFORMANCE.md, "Fifty-fifth session").
+# (`paged_prefill_ws.py`), 1.15-1.39x faster than these 128 x 128 figures. This rule was not re-tuned for it; the
+# mixed-step graphs have one of their own for it (GRAPH_LONG_FILL below), which eager steps do not yet take.
 LONG_CHUNK_TOKENS = 1024
 PREFIX_CHUNK_TOKENS = 768
 LONG_PREFIX_RATIO = 1  # cached tokens before the chunk, per chunk token
