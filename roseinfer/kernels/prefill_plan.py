@@ -37,7 +37,7 @@ LONG_TILE = (128, 128, 8, 2)
 # 64-row map cuts keys (1 x 256 over 4096 66 -> 76, 1 x 100 over 900 20 -> 24), over shorter prefixes (1 x 700
 # over 300 37 -> 40) and on fresh chunks (1 x 768 26 -> 29, 8 x 128 18 -> 27).
 GRAPH_LONG_FILL = 0.9
-GRAPH_LONG_MIN_TOKENS = 256  # the smallest graph with a LONG_TILE twin
+GRAPH_LONG_MIN_TOKENS = 256  # the fewest chunk tokens the rule takes: so the smallest graph with a twin
 
 
 def long_tile_applies(head_dim_pad: int, dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> bool:

@@ -210,8 +210,8 @@ class MixedGraphs:
         return len(self.graphs) + len(self.long_graphs)
 
     def plan(self, step: HostStep) -> MixedPlan | None:
-        """The smallest captured graph that holds the step, with the step's decodes and tile map; None: run
-        the step eagerly."""
+        """The smallest captured graph that holds the step (or its LONG_TILE twin), with the step's decodes and
+        tile map; None: run the step eagerly."""
         if not self.graphs or step.num_tokens > self.max_tokens or step.max_query_len <= 1:
             return None
         size = self.sizes[bisect.bisect_left(self.sizes, step.num_tokens)]
