@@ -228,23 +228,22 @@ class MixedGraphs:
         prefixes = step.seq_lens[decodes : len(q_lens)] - chunks
         if self.planner.long_tile_pays(chunks, prefixes):
             # The twin graph where LONG_TILE's eager map would not cut keys either; else eager.
-            return (
-                self._long_plan(step, size, decodes) if self.planner.long_tiles_fill_a_wave(chunks) else None
-            )
+            if not self.planner.long_tiles_fill_a_wave(chunks):
+                return None
+            return self._long_plan(step, size, decodes, chunks)
         block_m, n = self.block_m[size], self.num_tiles[size]
         if int((-(-chunks // block_m)).sum()) > self.q_tiles[size]:
             return None
         tiles = self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
         if not cuts_keys(tiles) and self.planner.graph_long_tile_pays(chunks, prefixes):
-            return self._long_plan(step, size, decodes) or MixedPlan(size, decodes, tiles)
+            return self._long_plan(step, size, decodes, chunks) or MixedPlan(size, decodes, tiles)
         return MixedPlan(size, decodes, tiles)
 
-    def _long_plan(self, step: HostStep, size: int, decodes: int) -> MixedPlan | None:
-        """The step in the twin graph of `size` at LONG_TILE's tile, with a map that cuts no key; None where
-        there is no such twin or its map cannot hold the chunks' q tiles."""
+    def _long_plan(self, step: HostStep, size: int, decodes: int, chunks: np.ndarray) -> MixedPlan | None:
+        """The step (its `chunks` after `decodes` decodes) in the twin graph of `size` at LONG_TILE's tile, with a
+        map that cuts no key; None where there is no such twin or its map cannot hold the chunks' q tiles."""
         if size not in self.long_graphs:
             return None
-        chunks = np.diff(step.query_start_loc)[decodes:]
         n = self.long_tiles[size]
         if int((-(-chunks // LONG_TILE[0])).sum()) > n:
             return None
