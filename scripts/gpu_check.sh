@@ -5,7 +5,7 @@
 #             roofline-llama throughput throughput-llama prefix (default: all),
 #             peers (vLLM beside roseinfer), kv-fp8, gemv, fold, profile, host, steps, l2, mlp, pdl, megakernel, pdl-decode,
 #             layouts, policy, mixed, ttft, splits, tail, serve, serve-http, serve-peers, decode-peers, offload, offload-peers,
-#             kernels-fa3, long-tile, decode-split, long-graphs, ncu (on request)
+#             kernels-fa3, long-tile, decode-split, long-graphs, eager-long, ncu (on request)
 # Full logs and JSON go to ${GPU_CHECK_LOGS:-/tmp/roseinfer-gpu}; stdout gets each section's short summary. Where
 # $OUT is set (the device tool's return folder, which brings back only a few files), they come back as one
 # archive, $OUT/gpu_check_logs.tgz, rewritten after each step and on SIGTERM: run it under `timeout` below the
@@ -127,6 +127,17 @@ for s in "${sections[@]}"; do
       run ab-long-graphs-llama '^(llama|twins|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape llama-3.1-8b
       run ab-long-graphs-qwen3 '^(qwen|twins|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape qwen3-0.6b
       run offload-W7-long-graphs '^(N |[0-9])' $RI bench offload --model-shape llama-3.1-8b --workload W7 --configs gpu --no-progress --json "$LOGS/offload_W7_long_graphs.json" ;;
+    eager-long)  # eager steps under the graphs' long-tile rule (TilePlanner.eager_map): the tests, eager follow-up turns
+                 # with the rule on and off (llama in 1,024- and 4,096-token steps, qwen3-0.6b), then llama-3.1-8b's
+                 # start-up with and without the warp-specialised kernel (so without the graphs' twins)
+      run tests-eager-long 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_long_tile_engine.py tests/kernels/test_prefill_plan_host.py
+      run ab-eager-llama-1k '^(llama|rule|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape llama-3.1-8b --eager --rounds 4
+      run ab-eager-llama-4k '^(llama|rule|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape llama-3.1-8b --eager --rounds 4 --budget 4096
+      run ab-eager-qwen3 '^(qwen|rule|off|on)' python3 scripts/ab_long_tile_graphs.py --model-shape qwen3-0.6b --eager --rounds 4
+      for ws in True False; do
+        run startup-llama-ws-$ws 'Start-up' python3 -c "import sys; from roseinfer.kernels import paged_prefill_ws as w; w.ENABLED = $ws
+from roseinfer.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" generate --model llama-3.1-8b --load-format dummy --prompt-ids 1,2,3 --max-tokens 4
+      done ;;
     decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the GPU-split and
                    # backend tests, the mixed-graph e2e test (not the decode kernel's whole file: 204 tests outlast a
                    # call), W7 llama (gpu), W7's cold round traced (query it with trace-sql), the WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)

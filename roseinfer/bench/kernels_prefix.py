@@ -65,7 +65,7 @@ def bench_prefix_chunk(
     qsl_np, lens_np = np.array([0, chunk], np.int32), np.array([ctx], np.int32)
     qsl = torch.from_numpy(qsl_np).to(device)
     seq_lens = torch.from_numpy(lens_np).to(device)
-    planned = TilePlanner(num_heads, head_dim, dtype, device).eager_map(qsl_np, lens_np)
+    planned = TilePlanner(num_heads, head_dim, dtype, device, block_size=BLOCK_SIZE).eager_map(qsl_np, lens_np)
     tiles = torch.from_numpy(planned[0]).to(device) if planned else None
     block_m = planned[1] if planned else None
     split_rows = partial_rows(planned[0]) if planned else 0

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import triton
 
+from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels._common import is_interpret, num_sms
 from roseinfer.kv.cache_dtype import is_fp8
 
@@ -21,15 +22,15 @@ from roseinfer.kv.cache_dtype import is_fp8
 # 483 -> 441, 1 x 2048 148 -> 136, 1 x 4096 465 -> 410. A lone fresh 1024-token chunk (two waves of unequal
 # programs) keeps the 64-row tile: 56 -> 54, but 87 -> 170 when swept first on a cold GPU. Shorter fresh
 # chunks lose (16 x 512 184 -> 194). On Hopper the launches that cut no key run the warp-specialised kernel
-# (`paged_prefill_ws.py`), 1.15-1.39x faster than these 128 x 128 figures. This rule was not re-tuned for it; the
-# mixed-step graphs have one of their own for it (GRAPH_LONG_FILL below), which eager steps do not yet take.
+# (`paged_prefill_ws.py`), 1.15-1.39x faster than these 128 x 128 figures. This rule was not re-tuned for it; steps
+# whose 64-row map cuts no key take a rule of their own for it (GRAPH_LONG_FILL below).
 LONG_CHUNK_TOKENS = 1024
 PREFIX_CHUNK_TOKENS = 768
 LONG_PREFIX_RATIO = 1  # cached tokens before the chunk, per chunk token
 LONG_TILE_WAVES = 3
 LONG_TILE = (128, 128, 8, 2)
-# In a mixed-step graph, chunks whose 64-row map cuts no key take LONG_TILE's uncut map (a twin graph captured at
-# it, where the warp-specialised kernel runs it) when each has at least as many cached tokens before it and the
+# Chunks whose 64-row map cuts no key take LONG_TILE's uncut map where the warp-specialised kernel runs it (in a
+# mixed-step graph, the twin captured at it) when each has at least as many cached tokens before it and the
 # 128-row tiles are at least GRAPH_LONG_FILL full. Timed in CUDA graphs on an H200 at llama-3.1-8b's heads (us,
 # 64-row map -> LONG_TILE's; `sweep_prefill_tiles.py --maps`): 1 x 1024 over 1024 86 -> 70, 1 x 768 over 768
 # 61 -> 48, 1 x 512 over 4096 118 -> 83, 1 x 384 over 4096 114 -> 77, 4 x 256 over 1000 74 -> 63, 2 x 256 over
@@ -206,6 +207,7 @@ class TilePlanner:
         device: torch.device,
         key_splits: bool = True,
         cache_dtype: torch.dtype | None = None,
+        block_size: int | None = None,
     ) -> None:
         self.head_dim = head_dim
         self.dtype = dtype
@@ -215,6 +217,12 @@ class TilePlanner:
             key_split_for(num_heads, head_dim, dtype, device, LONG_TILE[0])
             if key_splits and long_tile_applies(d_pad, dtype, cache_dtype)
             else None
+        )
+        # Whether the warp-specialised kernel runs LONG_TILE's uncut maps here (the cache's `block_size` given).
+        self.ws_long = (
+            self.long_split is not None
+            and block_size is not None
+            and paged_prefill_ws.runs_on(device, dtype, cache_dtype or dtype, head_dim, block_size)
         )
         # Programs a map holds beyond one per q tile, for key splits: at most a wave's (the default tile's
         # wave is the widest).
@@ -235,9 +243,9 @@ class TilePlanner:
         return programs >= LONG_TILE_WAVES * self.long_split.wave
 
     def graph_long_tile_pays(self, q_lens: np.ndarray, prefix_lens: np.ndarray) -> bool:
-        """Whether a mixed-step graph's prefill chunks, whose 64-row map cuts no key, run faster in LONG_TILE's
-        uncut map (see GRAPH_LONG_FILL)."""
-        if self.long_split is None or int(q_lens.sum()) < GRAPH_LONG_MIN_TOKENS:
+        """Whether prefill chunks whose 64-row map cuts no key run faster in LONG_TILE's uncut map, which the
+        warp-specialised kernel runs (see GRAPH_LONG_FILL)."""
+        if not self.ws_long or int(q_lens.sum()) < GRAPH_LONG_MIN_TOKENS:
             return False
         rows = int((-(-q_lens // LONG_TILE[0])).sum()) * LONG_TILE[0]
         over_prefixes = bool((prefix_lens >= LONG_PREFIX_RATIO * q_lens).all())
@@ -260,17 +268,23 @@ class TilePlanner:
         )
 
     def eager_map(self, query_start_loc: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, int] | None:
-        """(tile map, block_m) for an eager step that takes LONG_TILE or whose map cuts some tile's keys (its q
-        tiles leave most of a wave free); None: the plain grid at the default tile serves it as well."""
+        """(tile map, block_m) for an eager step that takes LONG_TILE (by either rule) or whose map cuts some
+        tile's keys (its q tiles leave most of a wave free); None: the plain grid at the default tile serves it."""
         q_lens = np.diff(query_start_loc.astype(np.int64))
         first = leading_decodes(q_lens)
         if self.split is None or first == len(q_lens):
             return None
         chunks = q_lens[first:]
-        long = self.long_tile_pays(chunks, seq_lens[first : len(q_lens)].astype(np.int64) - chunks)
+        prefixes = seq_lens[first : len(q_lens)].astype(np.int64) - chunks
+        long = self.long_tile_pays(chunks, prefixes)
         block_m = LONG_TILE[0] if long else prefill_block_m(self.head_dim, self.dtype, int(chunks.max()))
         q_tiles = int((-(-chunks // block_m)).sum())
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
         if not long and not cuts_keys(tiles):
-            return None
+            if not self.graph_long_tile_pays(chunks, prefixes):
+                return None
+            block_m = LONG_TILE[0]
+            tiles = prefill_tile_map(
+                query_start_loc, seq_lens, first, block_m, int((-(-chunks // block_m)).sum())
+            )
         return np.ascontiguousarray(tiles[:, : int((tiles[0] >= 0).sum())]), block_m

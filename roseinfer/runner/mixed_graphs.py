@@ -35,7 +35,6 @@ import torch
 
 from roseinfer.attention.metadata import AttentionMetadata
 from roseinfer.config import ModelConfig
-from roseinfer.kernels import paged_prefill_ws
 from roseinfer.kernels.prefill_plan import (
     GRAPH_LONG_MIN_TOKENS,
     LONG_TILE,
@@ -132,15 +131,14 @@ class MixedGraphs:
         self.max_num_seqs = max_num_seqs
         self.width = max_blocks_per_seq
         self.block_size = block_size
-        self.planner = TilePlanner(num_heads, head_dim, dtype, device, key_splits, cache_dtype)
+        self.planner = TilePlanner(num_heads, head_dim, dtype, device, key_splits, cache_dtype, block_size)
         self.block_m = {t: prefill_block_m(head_dim, dtype, t) for t in self.sizes}
         # Every q tile of t tokens, one more per prompt chunk, and room for key splits.
         self.q_tiles = {t: -(-t // self.block_m[t]) + min(self._seqs(t), max_chunks) for t in self.sizes}
         self.num_tiles = {t: self.planner.capacity(n) for t, n in self.q_tiles.items()}
-        long = self.planner.long_split is not None and paged_prefill_ws.runs_on(
-            device, dtype, cache_dtype or dtype, head_dim, block_size
+        self.long_sizes = (
+            [t for t in self.sizes if t >= GRAPH_LONG_MIN_TOKENS] if self.planner.ws_long else []
         )
-        self.long_sizes = [t for t in self.sizes if t >= GRAPH_LONG_MIN_TOKENS] if long else []
         # Every 128-row q tile of t tokens and one more per prompt chunk; no key splits.
         self.long_tiles = {t: -(-t // LONG_TILE[0]) + min(self._seqs(t), max_chunks) for t in self.long_sizes}
         t_max, s_max = self.max_tokens, self._seqs(self.max_tokens)

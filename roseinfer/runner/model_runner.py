@@ -91,8 +91,8 @@ class ModelRunner:
         # Eager steps' prefill tile maps: key splits for short chunks over long prefixes, the long chunks' tile.
         self.tile_planner: TilePlanner | None = None
         if self.backend.takes_tile_maps and config.prefill_key_splits:
-            heads, dim = self.cfg.num_heads, self.cfg.head_dim
-            self.tile_planner = TilePlanner(heads, dim, self.dtype, self.device, cache_dtype=self.kv_dtype)
+            heads, dim, kv = self.cfg.num_heads, self.cfg.head_dim, self.kv_dtype
+            self.tile_planner = TilePlanner(heads, dim, self.dtype, self.device, True, kv, self.block_size)
         if (
             config.fold_norms
             and self.backend.defers_norm

@@ -257,9 +257,15 @@ def test_the_long_tile_is_configured_where_it_applies(monkeypatch: pytest.Monkey
     assert prefill_block_m(128, torch.bfloat16, 9000) == 64
 
 
-def _long_planner(monkeypatch: pytest.MonkeyPatch, num_heads: int = 32, **kwargs) -> TilePlanner:
+def _long_planner(
+    monkeypatch: pytest.MonkeyPatch, num_heads: int = 32, ws: bool = True, **kwargs
+) -> TilePlanner:
+    """A planner on a GPU of 132 SMs (an H100's), at llama-3.1-8b's heads unless told; `ws`: whether the
+    warp-specialised kernel runs there (`paged_prefill_ws.runs_on`)."""
     monkeypatch.setattr(prefill_plan, "is_interpret", lambda: False)
     monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    monkeypatch.setattr(prefill_plan.paged_prefill_ws, "runs_on", lambda *args: ws)
+    kwargs.setdefault("block_size", 16)
     return TilePlanner(
         num_heads, kwargs.pop("head_dim", 128), kwargs.pop("dtype", torch.bfloat16), CPU, **kwargs
     )
@@ -349,8 +355,35 @@ def test_a_graph_takes_the_long_tile_for_full_tiles_over_long_prefixes(
         _long_planner(monkeypatch, cache_dtype=torch.float8_e4m3fn),
         _long_planner(monkeypatch, head_dim=64),
         _long_planner(monkeypatch, key_splits=False),
+        _long_planner(monkeypatch, block_size=None),  # no cache block size given: no WS kernel assumed
+        _long_planner(monkeypatch, ws=False),
     ):
         assert not pays([1024], [1024], other)
+
+
+def test_an_eager_step_takes_the_graph_rule_where_the_ws_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager step (above the graphs' cap, or an eager engine) whose 64-row map cuts no key takes LONG_TILE's
+    uncut map where `graph_long_tile_pays`: four 512-token follow-ups over 4096 cached, after two decodes, get 16
+    q tiles of 128 rows, each one program with all its keys (so the WS kernel runs it), the longest first. Where
+    the rule does not hold, or the WS kernel does not run, the step keeps what it had: the plain grid, or the
+    64-row map that cuts keys. (LONG_TILE's own rule comes first: `test_an_eager_step_in_the_long_tile_gets_its_map`.)"""
+    planner = _long_planner(monkeypatch)
+    q_lens, seq_lens = [1, 1, 512, 512, 512, 500], [900, 40, 4608, 4608, 4608, 4600]
+    qsl = np.concatenate([[0], np.cumsum(q_lens)])
+    got = planner.eager_map(qsl, np.array(seq_lens))
+    assert got is not None
+    tiles, block_m = got
+    assert block_m == LONG_TILE[0] and tiles.flags.c_contiguous
+    want = _tile_map_ref(q_lens, seq_lens, 2, LONG_TILE[0], 16, None)
+    assert tiles.shape == (TILE_ROWS, 16) and _same_map(tiles, want)
+    assert (tiles[3] == 1).all() and partial_rows(tiles) == 0
+    for other in (_long_planner(monkeypatch, ws=False), _long_planner(monkeypatch, block_size=None)):
+        assert other.eager_map(qsl, np.array(seq_lens)) is None  # the plain 64-row grid
+    for q_lens, prefix in (([300] * 3, 700), ([700], 300), ([768], 0)):  # the rule does not hold
+        qsl, lens = np.concatenate([[0], np.cumsum(q_lens)]), np.array([q + prefix for q in q_lens])
+        assert planner.eager_map(qsl, lens) is None, (q_lens, prefix)
+    got = planner.eager_map(np.array([0, 256]), np.array([256 + 4096]))  # the 64-row map cuts keys: it stays
+    assert got is not None and got[1] == 64 and partial_rows(got[0]) == SPLIT_PARTIAL_ROWS
 
 
 def test_long_tiles_fill_a_wave_where_the_eager_map_cuts_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
