@@ -1,5 +1,6 @@
-"""Host time of one paged prefill attention launch, the warp-specialised kernel's (Hopper; by `DirectLaunch`, and
-through Triton's per-call binding as before it) against the Triton kernel's at the same 128 x 128 tile, and a
+"""Host time of one paged prefill attention launch, the warp-specialised kernel's (Hopper; by `DirectLaunch`, with
+its K/V descriptors encoded on every call as before they were kept, and through Triton's per-call binding as before
+either) against the Triton kernel's at the same 128 x 128 tile, and a
 rotary launch for scale: W7's eager long-tile layers left the GPU idle between the rotary kernel and the WS
 launch (58 us a layer on average, H200 trace, PERFORMANCE.md "Fifty-fourth session"). The GPU is kept busy by a queued sleep, so each call's time is the host's alone. GPU only.
 
@@ -51,8 +52,13 @@ def main() -> None:
         paged_prefill_ws.launcher.forget()
         prefill()
 
+    def prefill_encoding() -> None:  # the WS launch as before its descriptors were kept: encoded every call
+        paged_prefill_ws.launcher.descriptors.clear()
+        prefill()
+
     rows = [
         ("prefill 128x128 WS", host_us(prefill, args.calls)),
+        ("  the same, encoding K/V", host_us(prefill_encoding, args.calls)),
         ("  the same, through Triton", host_us(prefill_through_triton, args.calls)),
     ]
     paged_prefill_ws.ENABLED = False

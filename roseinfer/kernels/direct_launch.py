@@ -10,19 +10,30 @@ The caller's key must fix everything Triton specialises a variant on: the tensor
 pointers are 16-byte aligned, the constexprs, and the values of the integer arguments not marked
 do_not_specialize (Triton specialises on 1 and on divisibility by 16), and that every integer fits in 32 bits.
 Triton's debug and instrumentation knobs, and the kernel's globals, are read on a key's first launch only.
+
+A variant whose arguments include tensor descriptors has its launcher wrapped by Triton in one that encodes each
+descriptor (`cuTensorMapEncodeTiled`) on every call: most of what a warp-specialised prefill launch cost the host
+above a plain Triton launch (90 against 52 us, PERFORMANCE.md "Fifty-fifth session"). The direct path calls the
+launcher beneath that wrapper and keeps each descriptor's encoding by what it encodes (base address, shape,
+strides, padding, the variant's box): a layer's KV cache is encoded once.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from triton import knobs
+from triton.backends.nvidia.driver import make_tensordesc_arg
 from triton.runtime import driver
 
 from roseinfer.kernels._common import is_interpret
 
 I32_MAX = 2**31 - 1
+MAX_DESCRIPTORS = (
+    4096  # encodings kept (two a layer for the prefill kernel); past it they are dropped and redone
+)
 
 
 def variant_key(tensors: Sequence[Any], ints: Sequence[int], unspecialised: Sequence[int] = ()) -> tuple:
@@ -43,13 +54,42 @@ def _hooked() -> bool:
     return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
 
 
+class Variant(NamedTuple):
+    """A key's compiled variant; for one with tensor descriptors, the launcher beneath Triton's descriptor wrapper
+    and each descriptor's (argument index, metadata)."""
+
+    compiled: Any
+    launch: Callable[..., Any] | None = None
+    descriptors: tuple[tuple[int, Any], ...] = ()
+
+
+def direct_variant(compiled: Any) -> Variant:
+    """`compiled` as the direct path launches it: beneath Triton's descriptor wrapper (`wrap_handle_tensordesc`,
+    a closure over the compiled `launcher`) where there is one and the variant needs no scratch memory (which
+    Triton's launcher would allocate), else through its own launcher."""
+    run = compiled.run
+    wrapper = getattr(run, "launch", None)
+    raw = inspect.getclosurevars(wrapper).nonlocals.get("launcher") if inspect.isfunction(wrapper) else None
+    if raw is None or run.global_scratch_size or run.profile_scratch_size:
+        return Variant(compiled)
+    metas = getattr(compiled.metadata, "tensordesc_meta", None) or []
+    signature = compiled.src.signature.values()
+    indices = [i for i, sig in enumerate(signature) if isinstance(sig, str) and sig.startswith("tensordesc")]
+    if not metas or len(indices) != len(metas):  # no encoding to keep (None: the frontend decomposes them)
+        return Variant(compiled)
+    return Variant(compiled, raw, tuple(zip(indices, metas, strict=True)))
+
+
 class DirectLaunch:
-    """One kernel's launches by key. `launches` counts (through Triton, direct) for tests and probes."""
+    """One kernel's launches by key. `launches` counts (through Triton, direct) for tests and probes; `encodings`
+    the tensor descriptors the direct path encoded."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self.variants: dict[Hashable, Any] = {}
+        self.variants: dict[Hashable, Variant] = {}
+        self.descriptors: dict[tuple, list[Any]] = {}
         self.launches = [0, 0]
+        self.encodings = 0
 
     def __call__(
         self,
@@ -69,16 +109,38 @@ class DirectLaunch:
             compiled = self.kernel[tuple(grid)](*(args if jit_args is None else jit_args()), **constexprs)
             self.launches[0] += 1
             if device is not None:
-                self.variants[(device, key)] = compiled
+                self.variants[(device, key)] = direct_variant(compiled)
             return
         values = [*args, *(constexprs[name] for name in self.kernel.arg_names[len(args) :])]
         g = (*grid, 1, 1)
-        stream = driver.active.get_current_stream(device)
-        variant.run(
-            g[0], g[1], g[2], stream, variant.function, variant.packed_metadata, None, None, None, *values
-        )
+        compiled = variant.compiled
+        head = (g[0], g[1], g[2], driver.active.get_current_stream(device), compiled.function)
+        if variant.launch is None:
+            compiled.run(*head, compiled.packed_metadata, None, None, None, *values)
+        else:
+            for i, meta in reversed(variant.descriptors):  # from the back: each grows `values` past itself
+                values[i : i + 1] = self._encoded(values[i], meta)
+            run = compiled.run
+            # As Triton's launcher calls it: no scratch buffers (`direct_variant`), no launch metadata or hooks.
+            variant.launch(
+                *head, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                compiled.packed_metadata, None, None, None, *values,
+            )  # fmt: skip
         self.launches[1] += 1
 
+    def _encoded(self, desc: Any, meta: Any) -> list[Any]:
+        """The launcher's arguments for tensor descriptor `desc` (Triton's `make_tensordesc_arg`), kept."""
+        key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding, id(meta))
+        encoded = self.descriptors.get(key)
+        if encoded is None:
+            if len(self.descriptors) >= MAX_DESCRIPTORS:
+                self.descriptors.clear()
+            encoded = self.descriptors[key] = make_tensordesc_arg(desc, meta)
+            self.encodings += 1
+        return encoded
+
     def forget(self) -> None:
-        """Drop every variant found so far (the next call per key goes through Triton again)."""
+        """Drop every variant found so far (the next call per key goes through Triton again) and every
+        descriptor's encoding."""
         self.variants.clear()
+        self.descriptors.clear()

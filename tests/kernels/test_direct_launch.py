@@ -15,6 +15,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
@@ -189,3 +190,92 @@ def test_the_direct_path_hands_the_launcher_what_triton_would(monkeypatch) -> No
     hooks.add(lambda metadata: None)
     paged_prefill_ws.paged_prefill_attention_ws(*again)
     assert launcher.launches == [3, 2] and len(fake.variant.launched) == 2
+
+
+class DescriptorVariant:
+    """A compiled variant with tensor descriptors, as Triton 3.6 builds its launcher: the compiled `launch`
+    (here a recorder) under Triton's own `wrap_handle_tensordesc`, which encodes each descriptor on every call."""
+
+    function = 0xF00
+    packed_metadata = ("packed",)
+
+    def __init__(self, signature: dict[str, str], metas: list[dict], scratch: int = 0) -> None:
+        self.src = SimpleNamespace(signature=signature)
+        self.metadata = SimpleNamespace(tensordesc_meta=metas)
+        self.raw: list[tuple] = []
+        launch = nvidia_driver.wrap_handle_tensordesc(lambda *args: self.raw.append(args), signature, metas)
+        self.run = SimpleNamespace(
+            launch=launch,
+            launch_cooperative_grid=False,
+            launch_pdl=True,
+            global_scratch_size=scratch,
+            profile_scratch_size=0,
+        )
+
+
+def test_the_direct_path_encodes_each_descriptor_once(monkeypatch) -> None:
+    """Beneath Triton's descriptor wrapper, the direct path hands the compiled launcher what the wrapper would
+    (the same call, argument for argument), but encodes a layer's K and V descriptors on their first launch only:
+    new queries, tables and tile maps over the same cache encode nothing, another cache (of another shape, or
+    of the same) encodes its own, and `forget` drops them. A variant that needs scratch memory keeps Triton's launcher."""
+    encoded: list[tuple] = []
+
+    def encode(desc, meta) -> list:
+        encoded.append((desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides)))
+        return [
+            ("tma", desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), meta["box"]),
+            *desc.shape,
+        ]
+
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(direct_launch, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(direct_launch, "is_interpret", lambda: False)
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0x5EED)
+    monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=active))
+    rng = random.Random()
+    first = ws_call(rng, torch.bfloat16, 32, 8, 16, 0, True, True, 0)
+    recorder = Recorder()
+    monkeypatch.setattr(paged_prefill_ws, "launcher", recorder)
+    paged_prefill_ws.paged_prefill_attention_ws(*first)
+    _, _, _, constexprs, jit_args = recorder.calls[-1]
+    types = [ty for ty, _ in BINDER(*jit_args(), **constexprs)[1]]
+    signature = dict(zip(KERNEL.arg_names, types, strict=True))
+    assert [ty.startswith("tensordesc") for ty in types[:4]] == [False, True, True, False]
+    variant = DescriptorVariant(signature, [{"box": "k"}, {"box": "v"}])
+    fake = FakeKernel()
+    fake.variant = variant
+    launcher = direct_launch.DirectLaunch(fake)
+    monkeypatch.setattr(paged_prefill_ws, "launcher", launcher)
+    paged_prefill_ws.paged_prefill_attention_ws(*first)  # through Triton: the variant is found
+    assert launcher.launches == [1, 0] and launcher.variants[(0, recorder.calls[-1][0])].launch is not None
+
+    def direct_and_wrapped(args: tuple) -> tuple[tuple, tuple]:
+        """The raw launch of the direct path, and the one Triton's wrapper makes of the same arguments."""
+        paged_prefill_ws.paged_prefill_attention_ws(*args)
+        monkeypatch.setattr(paged_prefill_ws, "launcher", recorder)
+        paged_prefill_ws.paged_prefill_attention_ws(*args)
+        monkeypatch.setattr(paged_prefill_ws, "launcher", launcher)
+        _, grid, stand_ins, constexprs, _ = recorder.calls[-1]
+        values = [*stand_ins, *(constexprs[n] for n in KERNEL.arg_names[len(stand_ins) :])]
+        g = (*grid, 1, 1)
+        variant.run.launch(*g, 0x5EED, variant.function, False, True, None, None, ("packed",), None, None, None,
+                           *values)  # fmt: skip
+        return variant.raw[-2], variant.raw[-1]
+
+    caches = first[1:3]
+    for n in range(3):  # new queries, tables and maps over the first call's cache
+        again = ws_call(rng, torch.bfloat16, 32, 8, 16, 0, True, True, 0)
+        direct, wrapped = direct_and_wrapped((again[0], *caches, *again[3:]))
+        assert direct == wrapped
+        assert direct[5:7] == (False, True) and direct[9] == ("packed",)
+        assert launcher.encodings == 2, n  # K and V, on the first direct launch
+    other = ws_call(rng, torch.bfloat16, 32, 8, 16, 0, True, True, 0)
+    direct, wrapped = direct_and_wrapped(other)
+    assert direct == wrapped and launcher.encodings == 4 and launcher.launches == [1, 4]
+    same_shape = torch.zeros_like(other[1]._base)  # another layer's cache: the same page shape and strides
+    direct, wrapped = direct_and_wrapped((other[0], same_shape[:, 0], same_shape[:, 1], *other[3:]))
+    assert direct == wrapped and launcher.encodings == 6
+    launcher.forget()
+    assert not launcher.descriptors and not launcher.variants
+    assert direct_launch.direct_variant(DescriptorVariant(signature, [{}, {}], scratch=64)).launch is None
+    assert direct_launch.direct_variant(FakeVariant()).launch is None  # no descriptor wrapper
