@@ -12,10 +12,10 @@ do_not_specialize (Triton specialises on 1 and on divisibility by 16), and that 
 Triton's debug and instrumentation knobs, and the kernel's globals, are read on a key's first launch only.
 
 A variant whose arguments include tensor descriptors has its launcher wrapped by Triton in one that encodes each
-descriptor (`cuTensorMapEncodeTiled`) on every call: most of what a warp-specialised prefill launch cost the host
-above a plain Triton launch (90 against 52 us, PERFORMANCE.md "Fifty-fifth session"). The direct path calls the
-launcher beneath that wrapper and keeps each descriptor's encoding by what it encodes (base address, shape,
-strides, padding, the variant's box): a layer's KV cache is encoded once.
+descriptor (`cuTensorMapEncodeTiled`) on every call: 6.5 of the 56 us the warp-specialised prefill launch cost the
+host (H200, PERFORMANCE.md "Fifty-seventh session"). The direct path calls the launcher beneath that wrapper and
+keeps each descriptor's encoding by what it encodes (base address, shape, strides, padding, the variant's box): a
+layer's KV cache is encoded once.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from triton.runtime import driver
 from roseinfer.kernels._common import is_interpret
 
 I32_MAX = 2**31 - 1
-MAX_DESCRIPTORS = (
-    4096  # encodings kept (two a layer for the prefill kernel); past it they are dropped and redone
-)
+MAX_DESCRIPTORS = 4096  # encodings kept (the prefill kernel's: two a layer); past it, dropped and redone
 
 
 def variant_key(tensors: Sequence[Any], ints: Sequence[int], unspecialised: Sequence[int] = ()) -> tuple:
