@@ -256,6 +256,16 @@ class TilePlanner:
         tiles = int((-(-q_lens // LONG_TILE[0])).sum())
         return self.long_split is not None and tiles * self.long_split.num_heads >= self.long_split.wave
 
+    def long_map_cuts_no_key(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int) -> bool:
+        """Whether LONG_TILE's eager map of the chunks from `first_seq` on cuts no key (so a twin graph's map, which
+        cuts none, is the same launch): where its q tiles fill a wave without building it, else as built."""
+        chunks = np.diff(query_start_loc.astype(np.int64))[first_seq:]
+        if self.long_tiles_fill_a_wave(chunks):
+            return True
+        q_tiles = int((-(-chunks // LONG_TILE[0])).sum())
+        tiles = self.tile_map(query_start_loc, seq_lens, first_seq, LONG_TILE[0], self.capacity(q_tiles))
+        return not cuts_keys(tiles)
+
     def split_at(self, block_m: int) -> KeySplit | None:
         """The split policy at the tile `block_m` launches with (its key tiles and its wave)."""
         return self.long_split if block_m >= LONG_TILE[0] and self.long_split is not None else self.split

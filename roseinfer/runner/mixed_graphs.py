@@ -226,7 +226,7 @@ class MixedGraphs:
         prefixes = step.seq_lens[decodes : len(q_lens)] - chunks
         if self.planner.long_tile_pays(chunks, prefixes):
             # The twin graph where LONG_TILE's eager map would not cut keys either; else eager.
-            if not self.planner.long_tiles_fill_a_wave(chunks):
+            if not self.planner.long_map_cuts_no_key(step.query_start_loc, step.seq_lens, decodes):
                 return None
             return self._long_plan(step, size, decodes, chunks)
         block_m, n = self.block_m[size], self.num_tiles[size]

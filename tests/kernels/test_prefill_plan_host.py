@@ -389,9 +389,11 @@ def test_an_eager_step_takes_the_graph_rule_where_the_ws_kernel_runs(monkeypatch
 def test_long_tiles_fill_a_wave_where_the_eager_map_cuts_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where `long_tiles_fill_a_wave` holds, LONG_TILE's eager map of the chunks cuts no key (a mixed-step graph's
     twin, which cuts none, runs it as fast): at 32 heads (one 8-warp program an SM, 132 SMs) from 5 q tiles of 128
-    rows on, at 8 heads from 17. Over a long prefix, fewer tiles have their keys cut."""
-    cut_below = {32: 0, 8: 0, 4: 0}
-    for heads in (32, 8, 4):
+    rows on, at 8 heads from 17. Over a long prefix, fewer tiles have their keys cut. `long_map_cuts_no_key` says
+    which maps cut none, on either side."""
+    cut_below = {32: 0, 16: 0, 8: 0, 4: 0}
+    uncut_below = {32: 0, 16: 0, 8: 0, 4: 0}
+    for heads in (32, 16, 8, 4):
         planner = _long_planner(monkeypatch, num_heads=heads)
         for q_len in range(128, 20 * 128 + 1, 64):
             q_lens = np.array([1, q_len])
@@ -399,8 +401,11 @@ def test_long_tiles_fill_a_wave_where_the_eager_map_cuts_no_key(monkeypatch: pyt
             tiles = planner.tile_map(qsl, lens, 1, LONG_TILE[0], planner.capacity(-(-q_len // 128)))
             fills = planner.long_tiles_fill_a_wave(q_lens[1:])
             assert fills == (-(-q_len // 128) * heads >= 132), (heads, q_len)
+            assert planner.long_map_cuts_no_key(qsl, lens, 1) == (tiles[3] <= 1).all(), (heads, q_len)
             if fills:
                 assert (tiles[3] <= 1).all(), (heads, q_len)
             else:
                 cut_below[heads] += bool((tiles[3] > 1).any())
-    assert cut_below[32] > 0 and cut_below[8] > 0 and cut_below[4] > 0, cut_below
+                uncut_below[heads] += bool((tiles[3] <= 1).all())
+    assert cut_below[32] > 0 and cut_below[16] > 0 and cut_below[8] > 0 and cut_below[4] > 0, cut_below
+    assert uncut_below[16] > 0, uncut_below  # 8 tiles at 16 heads: 128 programs, no room to cut
