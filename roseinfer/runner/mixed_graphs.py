@@ -224,16 +224,19 @@ class MixedGraphs:
         decodes = leading_decodes(q_lens)
         chunks = q_lens[decodes:]
         prefixes = step.seq_lens[decodes : len(q_lens)] - chunks
-        if self.planner.long_tile_pays(chunks, prefixes):
-            # The twin graph where LONG_TILE's eager map would not cut keys either; else eager.
-            if not self.planner.long_map_cuts_no_key(step.query_start_loc, step.seq_lens, decodes):
-                return None
+        planner = self.planner
+        if planner.long_tile_pays(chunks, prefixes) and planner.long_map_cuts_no_key(
+            step.query_start_loc, step.seq_lens, decodes
+        ):
+            # The twin graph, or eagerly where there is none: there LONG_TILE gains more than the launches cost
+            # the host (llama-3.1-8b: W7's chunks). Where its map would cut keys (models of at most 16 heads,
+            # whose eager steps are host-bound), the 64-row graph below.
             return self._long_plan(step, size, decodes, chunks)
         block_m, n = self.block_m[size], self.num_tiles[size]
         if int((-(-chunks // block_m)).sum()) > self.q_tiles[size]:
             return None
-        tiles = self.planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
-        if not cuts_keys(tiles) and self.planner.graph_long_tile_pays(chunks, prefixes):
+        tiles = planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
+        if not cuts_keys(tiles) and planner.graph_long_tile_pays(chunks, prefixes):
             return self._long_plan(step, size, decodes, chunks) or MixedPlan(size, decodes, tiles)
         return MixedPlan(size, decodes, tiles)
 
