@@ -4,7 +4,8 @@ Each of `--conversations` histories of `--history` tokens is prefilled once (int
 round sends each conversation a follow-up of `--follow-up` new tokens (fresh ids each round, so each round's
 chunks run over the cached history only), one output token, under a `--budget`-token step: steps of
 `budget / follow_up` chunks over long prefixes, which replay the twins (`MixedGraphs.long_graphs`). Rounds
-alternate twins on and off (off: the twins are set aside, so those steps replay the 64-row graphs), and the table
+alternate twins on and off (off: the twins are set aside, so those steps replay the 64-row graphs, or run eagerly
+where LONG_TILE's own rule takes them: chunks of 768 tokens or more), and the table
 gives each side's rounds, prefill tokens/s and the steps that took LONG_TILE.
 
 With `--eager` every step runs eagerly (no mixed-step graphs), and the rounds alternate the graphs' rule on and off

@@ -16,7 +16,8 @@ graph's token count T:
   chunks over long cached prefixes.
 
 The sampled rows' logits and the sampling run eagerly after the replay. A step with more tokens,
-sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly.
+sequences, pending ids or q tiles than a graph holds, or with wider block tables, runs eagerly; so does a step
+LONG_TILE's own rule takes where there is no twin for it.
 
 How many tokens the graphs hold is chosen from the model's size unless set: a graph pays while the step's
 GEMMs take the GPU less time than its eager launch takes the host. Past that the step is GPU-bound either
