@@ -180,6 +180,11 @@ def prefill_tile_map(
     return tiles
 
 
+def q_tile_count(q_lens: np.ndarray, block_m: int) -> int:
+    """The q tiles of `block_m` rows that chunks of `q_lens` tokens take."""
+    return int((-(-q_lens // block_m)).sum())
+
+
 def cuts_keys(tiles: np.ndarray) -> bool:
     """Whether a tile map cuts some tile's keys across programs."""
     return bool((tiles[3] > 1).any())
@@ -239,7 +244,7 @@ class TilePlanner:
             return True
         if not (q_lens >= LONG_CHUNK_TOKENS).any():
             return False
-        programs = int((-(-q_lens // LONG_TILE[0])).sum()) * self.long_split.num_heads
+        programs = q_tile_count(q_lens, LONG_TILE[0]) * self.long_split.num_heads
         return programs >= LONG_TILE_WAVES * self.long_split.wave
 
     def graph_long_tile_pays(self, q_lens: np.ndarray, prefix_lens: np.ndarray) -> bool:
@@ -247,13 +252,13 @@ class TilePlanner:
         warp-specialised kernel runs (see GRAPH_LONG_FILL)."""
         if not self.ws_long or int(q_lens.sum()) < GRAPH_LONG_MIN_TOKENS:
             return False
-        rows = int((-(-q_lens // LONG_TILE[0])).sum()) * LONG_TILE[0]
+        rows = q_tile_count(q_lens, LONG_TILE[0]) * LONG_TILE[0]
         over_prefixes = bool((prefix_lens >= LONG_PREFIX_RATIO * q_lens).all())
         return over_prefixes and int(q_lens.sum()) >= GRAPH_LONG_FILL * rows
 
     def long_tiles_fill_a_wave(self, q_lens: np.ndarray) -> bool:
         """Whether LONG_TILE's q tiles for these chunks fill a wave, so that its eager map would cut no key."""
-        tiles = int((-(-q_lens // LONG_TILE[0])).sum())
+        tiles = q_tile_count(q_lens, LONG_TILE[0])
         return self.long_split is not None and tiles * self.long_split.num_heads >= self.long_split.wave
 
     def long_map_cuts_no_key(self, query_start_loc: np.ndarray, seq_lens: np.ndarray, first_seq: int) -> bool:
@@ -262,7 +267,7 @@ class TilePlanner:
         chunks = np.diff(query_start_loc.astype(np.int64))[first_seq:]
         if self.long_tiles_fill_a_wave(chunks):
             return True
-        q_tiles = int((-(-chunks // LONG_TILE[0])).sum())
+        q_tiles = q_tile_count(chunks, LONG_TILE[0])
         tiles = self.tile_map(query_start_loc, seq_lens, first_seq, LONG_TILE[0], self.capacity(q_tiles))
         return not cuts_keys(tiles)
 
@@ -288,13 +293,11 @@ class TilePlanner:
         prefixes = seq_lens[first : len(q_lens)].astype(np.int64) - chunks
         long = self.long_tile_pays(chunks, prefixes)
         block_m = LONG_TILE[0] if long else prefill_block_m(self.head_dim, self.dtype, int(chunks.max()))
-        q_tiles = int((-(-chunks // block_m)).sum())
+        q_tiles = q_tile_count(chunks, block_m)
         tiles = self.tile_map(query_start_loc, seq_lens, first, block_m, self.capacity(q_tiles))
         if not long and not cuts_keys(tiles):
             if not self.graph_long_tile_pays(chunks, prefixes):
                 return None
             block_m = LONG_TILE[0]
-            tiles = prefill_tile_map(
-                query_start_loc, seq_lens, first, block_m, int((-(-chunks // block_m)).sum())
-            )
+            tiles = prefill_tile_map(query_start_loc, seq_lens, first, block_m, q_tile_count(chunks, block_m))
         return np.ascontiguousarray(tiles[:, : int((tiles[0] >= 0).sum())]), block_m

@@ -46,6 +46,7 @@ from roseinfer.kernels.prefill_plan import (
     leading_decodes,
     prefill_block_m,
     prefill_tile_map,
+    q_tile_count,
 )
 from roseinfer.runner.cuda_graphs import HostInputs, capture_graphs, held_weakly
 from roseinfer.runner.inputs import ALIGN, HostStep, fill_pending
@@ -234,7 +235,7 @@ class MixedGraphs:
             # whose eager steps are host-bound), the 64-row graph below.
             return self._long_plan(step, size, decodes, chunks)
         block_m, n = self.block_m[size], self.num_tiles[size]
-        if int((-(-chunks // block_m)).sum()) > self.q_tiles[size]:
+        if q_tile_count(chunks, block_m) > self.q_tiles[size]:
             return None
         tiles = planner.tile_map(step.query_start_loc, step.seq_lens, decodes, block_m, n)
         if not cuts_keys(tiles) and planner.graph_long_tile_pays(chunks, prefixes):
@@ -247,7 +248,7 @@ class MixedGraphs:
         if size not in self.long_graphs:
             return None
         n = self.long_tiles[size]
-        if int((-(-chunks // LONG_TILE[0])).sum()) > n:
+        if q_tile_count(chunks, LONG_TILE[0]) > n:
             return None
         tiles = prefill_tile_map(step.query_start_loc, step.seq_lens, decodes, LONG_TILE[0], n)
         return MixedPlan(size, decodes, tiles, long=True)
