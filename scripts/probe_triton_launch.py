@@ -1,12 +1,14 @@
-"""Host cost of one Triton launch, and how much of it is Triton's per-call argument binding.
+"""Host cost of the Triton launches an eager step makes a layer at a time, through `DirectLaunch` and through
+Triton's per-call argument binding.
 
-For the decode attention kernel (~40 arguments) and RMSNorm (~12), host microseconds per call of:
-- the roseinfer wrapper (checks, allocations, argument list, launch);
-- `kernel[grid](...)` with the wrapper's arguments already built (Triton binds and specialises them,
-  looks up the compiled variant, launches);
-- the compiled kernel's own launcher with the bound arguments reused: what a launch path that skips
-  per-call binding would cost.
-Kernels are tiny (batch 1, 16 tokens), so the host, not the GPU, sets the pace. GPU only.
+For decode and prefill attention, rotary with the KV store, RMSNorm (with and without the residual), SiLU-and-mul
+and q/k norm, at llama-3.1-8b's widths (qwen3-0.6b's for q/k norm), host microseconds per call of:
+- the roseinfer wrapper as it launches (checks, allocations, argument list, `DirectLaunch.run`);
+- the same wrapper launching through `kernel[grid](...)`, as every launch did before `DirectLaunch.run`;
+- `kernel[grid](...)` with the wrapper's arguments already built (Triton binds and specialises them, looks up
+  the compiled variant, launches);
+- `DirectLaunch.run` with the arguments already built (the key, then the compiled launcher).
+The GPU is kept busy by a queued sleep, so each call's time is the host's alone. GPU only.
 
     python scripts/probe_triton_launch.py [--calls 400]
 """
@@ -16,106 +18,141 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
-from triton import knobs
-from triton.runtime import driver
 
+import roseinfer.kernels.activation as activation_mod
 import roseinfer.kernels.paged_decode_attention as decode_mod
+import roseinfer.kernels.paged_prefill_attention as prefill_mod
+import roseinfer.kernels.qk_norm as qk_norm_mod
 import roseinfer.kernels.rmsnorm as rmsnorm_mod
+import roseinfer.kernels.rotary as rotary_mod
+from roseinfer.kernels import paged_prefill_ws
+from roseinfer.kernels.direct_launch import DirectLaunch
 
 
 def host_us(fn: Callable[[], object], calls: int) -> float:
-    for _ in range(20):
+    """Median host time of `fn()` over `calls` calls, queued behind a sleep that outlasts them."""
+    for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    torch.cuda._sleep(int(2e9))  # ~1 s of GPU cycles
+    times = []
     for _ in range(calls):
+        t0 = time.perf_counter()
         fn()
-    host = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    return host / calls * 1e6
+    return sorted(times)[len(times) // 2] * 1e6
 
 
-class Recorder:
-    """Stands in for a module's @triton.jit kernel to catch the grid and arguments its wrapper builds."""
+class Captured(DirectLaunch):
+    """Stands in for a module's launcher: keeps the last launch's grid and arguments, then launches it."""
 
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-        self.call: tuple | None = None
-
-    def __getitem__(self, grid):
-        def record(*args, **kwargs):
-            self.call = (grid, args, kwargs)
-
-        return record
+    def run(self, grid, args, constexprs) -> None:
+        self.call = (tuple(grid), tuple(args), dict(constexprs))
+        super().run(grid, args, constexprs)
 
 
-def capture(module, name: str, wrapper: Callable[[], object]) -> tuple:
-    kernel = getattr(module, name)
-    recorder = Recorder(kernel)
-    setattr(module, name, recorder)
+class ThroughTriton(DirectLaunch):
+    """Stands in for a module's launcher: every launch through Triton's binding."""
+
+    def run(self, grid, args, constexprs) -> None:
+        self.kernel[tuple(grid)](*args, **constexprs)
+
+
+def rows(module: ModuleType, wrapper: Callable[[], object], calls: int) -> list[float]:
+    launcher = module.launcher
+    captured = Captured(launcher.kernel)
+    module.launcher = captured
     try:
         wrapper()
+        grid, args, constexprs = captured.call
+        module.launcher = ThroughTriton(launcher.kernel)
+        through_triton = host_us(wrapper, calls)
     finally:
-        setattr(module, name, kernel)
-    assert recorder.call is not None
-    return (kernel, *recorder.call)
-
-
-def direct_launcher(kernel, grid, args, kwargs) -> Callable[[], object]:
-    """The compiled variant's launcher, called with arguments bound once (as JITFunction.run does)."""
-    kwargs = dict(kwargs, debug=kernel.debug or knobs.runtime.debug)
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    compiled = kernel[grid](*args, **kwargs)
-    device = driver.active.get_current_device()
-    stream = driver.active.get_current_stream(device)
-    binder = kernel.device_caches[device][4]
-    values = tuple(binder(*args, **kwargs)[0].values())
-    g = tuple(grid) + (1,) * (3 - len(grid))
-
-    def launch() -> None:
-        meta = compiled.launch_metadata(grid, stream, *values)
-        compiled.run(*g, stream, compiled.function, compiled.packed_metadata, meta, None, None, *values)
-
-    return launch
+        module.launcher = launcher
+    kernel = launcher.kernel
+    return [
+        host_us(wrapper, calls),
+        through_triton,
+        host_us(lambda: kernel[grid](*args, **constexprs), calls),
+        host_us(lambda: launcher.run(grid, args, constexprs), calls),
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=400)
     args = parser.parse_args()
+    paged_prefill_ws.ENABLED = (
+        False  # the Triton prefill kernel (the WS launch: probe_prefill_launch_host.py)
+    )
     dev = torch.device("cuda")
     bf16 = dict(dtype=torch.bfloat16, device=dev)
-    heads, kv_heads, dim, block = 32, 8, 128, 16
-    k_cache = torch.randn(64, block, kv_heads, dim, **bf16)
+    heads, kv_heads, dim, block, tokens = 32, 8, 128, 16, 512
+    k_cache = torch.randn(400, block, kv_heads, dim, **bf16)
     v_cache = torch.randn_like(k_cache)
-    q = torch.randn(1, heads, dim, **bf16)
-    table = torch.arange(4, dtype=torch.int32, device=dev)[None]
-    seq_lens = torch.full((1,), 16, dtype=torch.int32, device=dev)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, **bf16)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    table = torch.arange(160, dtype=torch.int32, device=dev)[None]
+    context = torch.full((1,), 2048 + tokens, dtype=torch.int32, device=dev)
+    starts = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
-    x = torch.randn(8, 4096, **bf16)
+    positions = torch.arange(tokens, device=dev)
+    cos_sin = torch.zeros(tokens + 1, dim, dtype=torch.float32, device=dev)
+    slots = torch.arange(tokens, device=dev)
+    x = torch.randn(tokens, 4096, **bf16)
+    residual = torch.randn_like(x)
     w = torch.randn(4096, **bf16)
+    gate_up = torch.randn(tokens, 2 * 14336, **bf16)
+    qwen3_qkv = torch.randn(tokens, (16 + 2 * 8) * 128, **bf16)
+    norm_w = torch.ones(128, **bf16)
+    decode_q = torch.randn(64, heads, dim, **bf16)
+    decode_lens = torch.full((64,), 1024, dtype=torch.int32, device=dev)
+    decode_tables = torch.arange(64, dtype=torch.int32, device=dev)[None].expand(64, -1).contiguous()
+    decode_out = torch.empty_like(decode_q)
 
     cases = {
         "decode attention": (
             decode_mod,
-            "_decode_kernel",
             lambda: decode_mod.paged_decode_attention(
-                q, k_cache, v_cache, table, seq_lens, 0.1, out=out, num_splits=1
+                decode_q, k_cache, v_cache, decode_tables, decode_lens, 0.1, out=decode_out, num_splits=2
             ),
         ),
-        "rmsnorm": (rmsnorm_mod, "_rmsnorm_kernel", lambda: rmsnorm_mod.rmsnorm(x, w, 1e-5)),
+        "prefill attention": (
+            prefill_mod,
+            lambda: prefill_mod.paged_prefill_attention(
+                q, k_cache, v_cache, table, starts, context, tokens, 0.1, out=out
+            ),
+        ),
+        "rotary + KV store": (
+            rotary_mod,
+            lambda: rotary_mod.apply_rotary_and_store_kv(
+                q, k, v, positions, cos_sin, k_cache, v_cache, slots
+            ),
+        ),
+        "rmsnorm": (rmsnorm_mod, lambda: rmsnorm_mod.rmsnorm(x, w, 1e-5)),
+        "rmsnorm + residual": (rmsnorm_mod, lambda: rmsnorm_mod.rmsnorm(x, w, 1e-5, residual=residual)),
+        "silu_and_mul": (activation_mod, lambda: activation_mod.silu_and_mul(gate_up)),
+        "q/k norm": (qk_norm_mod, lambda: qk_norm_mod.qk_norm_(qwen3_qkv, 16, 8, 128, norm_w, norm_w, 1e-6)),
     }
-    print(f"{'kernel':18s}{'wrapper':>10s}{'kernel[grid]':>14s}{'launcher':>10s}  us of host per call")
-    for name, (module, attr, wrapper) in cases.items():
-        kernel, grid, kargs, kkwargs = capture(module, attr, wrapper)
-        jit_call = lambda k=kernel, g=grid, a=kargs, kw=kkwargs: k[g](*a, **kw)  # noqa: E731
-        launcher = direct_launcher(kernel, grid, kargs, kkwargs)
-        wrapped, jitted, direct = (host_us(f, args.calls) for f in (wrapper, jit_call, launcher))
-        print(f"{name:18s}{wrapped:10.1f}{jitted:14.1f}{direct:10.1f}")
+    print(f"host us per call (median of {args.calls}, GPU busy), {tokens} tokens, llama-3.1-8b widths")
+    print(f"{'kernel':20s}{'wrapper':>9s}{'via Triton':>12s}{'kernel[grid]':>14s}{'run':>8s}")
+    totals = [0.0] * 4
+    for name, (module, wrapper) in cases.items():
+        measured = rows(module, wrapper, args.calls)
+        totals = [t + m for t, m in zip(totals, measured, strict=True)]
+        print(f"{name:20s}" + "".join(f"{m:{w}.1f}" for m, w in zip(measured, (9, 12, 14, 8), strict=True)))
+    print(
+        f"{'all of the above':20s}"
+        + "".join(f"{m:{w}.1f}" for m, w in zip(totals, (9, 12, 14, 8), strict=True))
+    )
     linear_w = torch.randn(4096, 4096, **bf16)
-    print(f"{'torch linear':18s}{host_us(lambda: torch.nn.functional.linear(x, linear_w), args.calls):10.1f}")
+    print(f"{'torch linear':20s}{host_us(lambda: torch.nn.functional.linear(x, linear_w), args.calls):9.1f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms, scale_by_inv_rms_ref
 
@@ -48,6 +49,9 @@ def _silu_and_mul_kernel(
     )
 
 
+launcher = DirectLaunch(_silu_and_mul_kernel)
+
+
 def silu_and_mul(
     x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False
 ) -> torch.Tensor:
@@ -66,21 +70,16 @@ def silu_and_mul(
         return out
     block, num_warps = _config(n_cols, r_cols=rms_of.shape[1] if rms_of is not None else 0)
     r = rms_of if rms_of is not None else x
-    _silu_and_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-        x,
-        out,
-        r,
-        x.stride(0),
-        out.stride(0),
-        r.stride(0),
-        n_cols,
-        r.shape[1],
-        eps,
-        BLOCK=block,
-        DEFERRED_NORM=rms_of is not None,
-        R_CHUNK=row_chunk(r.shape[1]),
-        **pdl_kwargs(pdl),
-        num_warps=num_warps,
+    launcher.run(
+        (n_rows, triton.cdiv(n_cols, block)),
+        (x, out, r, x.stride(0), out.stride(0), r.stride(0), n_cols, r.shape[1], eps),
+        dict(
+            BLOCK=block,
+            DEFERRED_NORM=rms_of is not None,
+            R_CHUNK=row_chunk(r.shape[1]),
+            **pdl_kwargs(pdl),
+            num_warps=num_warps,
+        ),
     )
     return out
 

@@ -6,9 +6,10 @@ tensor descriptor. Eager steps pay that per kernel per layer. A `DirectLaunch` p
 call with a key goes through `kernel[grid]`, which compiles or finds the variant, and later calls with that key
 hand the variant's own launcher the arguments as they are.
 
-The caller's key must fix everything Triton specialises a variant on: the tensors' dtypes and whether their data
-pointers are 16-byte aligned, the constexprs, and the values of the integer arguments not marked
-do_not_specialize (Triton specialises on 1 and on divisibility by 16), and that every integer fits in 32 bits.
+A key must fix everything Triton specialises a variant on: the tensors' dtypes and whether their data pointers
+are 16-byte aligned, the constexprs and launch options, the integer arguments not marked do_not_specialize (Triton
+specialises on 1 and on divisibility by 16), and every integer's width. `DirectLaunch.run` keys a launch by exactly
+that (`arg_key`); the warp-specialised launch builds its own key (`variant_key`), as its descriptors are stand-ins.
 Triton's debug and instrumentation knobs, and the kernel's globals, are read on a key's first launch only.
 
 A variant whose arguments include tensor descriptors has its launcher wrapped by Triton in one that encodes each
@@ -24,6 +25,7 @@ import inspect
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
+import torch
 from triton import knobs
 from triton.backends.nvidia.driver import make_tensordesc_arg
 from triton.runtime import driver
@@ -43,6 +45,21 @@ def variant_key(tensors: Sequence[Any], ints: Sequence[int], unspecialised: Sequ
         *ints,
         max(0, *ints, *unspecialised) <= I32_MAX,
     )
+
+
+def arg_key(arg: Any, specialised: bool = True) -> Hashable:
+    """What Triton specialises a variant on, of one argument: a tensor's dtype and 16-byte alignment; an integer's
+    width (32 bits, 64, unsigned 64) and, unless it is marked do_not_specialize, whether it is 1 and whether 16
+    divides it; a float's type (fp32 whatever its value); anything else (None, a bool) itself."""
+    kind = type(arg)
+    if kind is int:
+        wide = (arg > I32_MAX or arg < -I32_MAX - 1) + (arg > 2**63 - 1)
+        return (wide, arg == 1, arg % 16 == 0) if specialised else wide
+    if kind is float:
+        return float
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    return arg
 
 
 def _hooked() -> bool:
@@ -88,6 +105,17 @@ class DirectLaunch:
         self.descriptors: dict[tuple, list[Any]] = {}
         self.launches = [0, 0]
         self.encodings = 0
+        # Per parameter, whether Triton specialises it: not marked do_not_specialize, by name or position (the
+        # interpreter's kernels keep the marks among their jit keyword arguments).
+        marks = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")
+        self.specialised = tuple(
+            i not in (marks or ()) and name not in (marks or ()) for i, name in enumerate(kernel.arg_names)
+        )
+
+    def run(self, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:
+        """`kernel[grid](*args, **constexprs)` (every non-constexpr argument in `args`, in order), keyed by what
+        Triton specialises its variant on: each argument's `arg_key`, the constexprs and the launch options."""
+        self(tuple(map(arg_key, args, self.specialised)) + tuple(constexprs.items()), grid, args, constexprs)
 
     def __call__(
         self,

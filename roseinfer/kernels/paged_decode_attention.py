@@ -44,6 +44,7 @@ from roseinfer.kernels.decode_new_token import (
     rotate_neox,
 )
 from roseinfer.kernels.decode_split_merge import finish_split, gpu_split
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
@@ -274,6 +275,9 @@ def _decode_kernel(
         )
 
 
+launcher = DirectLaunch(_decode_kernel)
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [B, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -344,23 +348,20 @@ def paged_decode_attention(
     hidden = x.shape[-1]
 
     # A sequence's kv heads are neighbours in the launch order, so they read its blocks together.
-    _decode_kernel[(num_kv_heads, batch, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out,
-        part_m, part_l, part_acc, counters,
+    args = (
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_m, part_l, part_acc, counters,
         k_new, v_new, slots, positions, cos_sin, x, bias, order if order is not None else seq_lens,
         scale * LOG2E, num_q_heads, num_kv_heads,
         num_splits if live is None else launch.target_programs(q.device),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         x.stride(0), hidden, norm.eps if norm is not None else 0.0,
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, D_PAD=d_pad,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        APPEND=new_kv is not None, ROPE=rope is not None,
-        DEFERRED_NORM=norm is not None, HAS_BIAS=norm is not None and norm.bias is not None,
-        X_CHUNK=row_chunk(hidden),
+    )  # fmt: skip
+    constexprs = dict(
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        APPEND=new_kv is not None, ROPE=rope is not None, DEFERRED_NORM=norm is not None,
+        HAS_BIAS=norm is not None and norm.bias is not None, X_CHUNK=row_chunk(hidden),
         SPLIT=split, SPLITS_PAD=splits_pad, SPLITS_CHUNK=min(splits_pad, max(1, 4096 // (group_pad * d_pad))),
         HAS_ORDER=order is not None, GPU_SPLIT=live is not None,
         PRECISION=dot_precision(q.dtype), DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)),
@@ -368,6 +369,7 @@ def paged_decode_attention(
         num_warps=num_warps, num_stages=num_stages,
         **launch.launch_options(d_pad, q.dtype, norm is not None),
     )  # fmt: skip
+    launcher.run((num_kv_heads, batch, num_splits), args, constexprs)
     return out
 
 

@@ -28,6 +28,7 @@ from roseinfer.kernels._common import (
     dot_precision,
     gather_sequence_kv,
 )
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.paged_decode_split import merge_counters
 from roseinfer.kernels.prefill_online_softmax import attend_tile, merge_key_splits
 from roseinfer.kernels.prefill_plan import TILE_ROWS, prefill_block_m, prefill_config
@@ -239,6 +240,9 @@ def _prefill_kernel(
             tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
+launcher = DirectLaunch(_prefill_kernel)
+
+
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -318,48 +322,18 @@ def paged_prefill_attention(
         return prefill_ws.paged_prefill_attention_ws(q, k_cache, v_cache, *ws_args)
     _, cfg_n, num_warps, num_stages = prefill_config(d_pad, q.dtype, k_cache.dtype, block_m)
     block_n = block_n or cfg_n
-    _prefill_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        query_start_loc,
-        seq_lens,
-        out,
-        tiles,
-        part_m,
-        part_l,
-        part_acc,
-        counters,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        first_seq,
-        tile_stride,
-        num_q_heads,
-        GROUP=num_q_heads // num_kv_heads,
-        HEAD_DIM=head_dim,
-        D_PAD=d_pad,
-        EVEN_D=d_pad == head_dim,
-        BLOCK_SIZE=block_size,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        PRECISION=dot_precision(q.dtype),
-        DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)),
-        TILE_MAP=tile_map,
-        KEY_SPLIT=tile_map and split_rows > 0,
-        num_warps=num_warps if block_m >= 64 else 4,
-        num_stages=num_stages,
-    )
+    args = (
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, tiles, part_m, part_l, part_acc,
+        counters, scale * LOG2E, q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_tables.stride(0), out.stride(0), out.stride(1), first_seq, tile_stride, num_q_heads,
+    )  # fmt: skip
+    constexprs = dict(
+        GROUP=num_q_heads // num_kv_heads, HEAD_DIM=head_dim, D_PAD=d_pad, BLOCK_SIZE=block_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, EVEN_D=d_pad == head_dim, PRECISION=dot_precision(q.dtype),
+        DOT_DTYPE=dot_dtype(attention_dot_dtype(q.dtype, k_cache.dtype)), TILE_MAP=tile_map,
+        KEY_SPLIT=tile_map and split_rows > 0, num_warps=num_warps if block_m >= 64 else 4, num_stages=num_stages,
+    )  # fmt: skip
+    launcher.run(grid, args, constexprs)
     return out
 
 

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.rmsnorm import rmsnorm_ref
 
 HEADS_PER_PROGRAM = 8
@@ -47,6 +48,9 @@ def _qk_norm_kernel(
     tl.store(ptrs, (w * y).to(x.dtype), mask=mask)
 
 
+launcher = DirectLaunch(_qk_norm_kernel)
+
+
 def _check(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int, head_dim: int) -> None:
     if qkv.dim() != 2 or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be [tokens, width] with a contiguous last dim, got {tuple(qkv.shape)}")
@@ -73,17 +77,10 @@ def qk_norm_(
         return qkv
     per_program = min(HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
     grid = (qkv.shape[0], triton.cdiv(heads, per_program))
-    _qk_norm_kernel[grid](
-        qkv,
-        q_weight,
-        k_weight,
-        qkv.stride(0),
-        num_q_heads,
-        heads,
-        eps,
-        HEAD_DIM=head_dim,
-        D_PAD=triton.next_power_of_2(head_dim),
-        HEADS=per_program,
+    launcher.run(
+        grid,
+        (qkv, q_weight, k_weight, qkv.stride(0), num_q_heads, heads, eps),
+        dict(HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), HEADS=per_program),
     )
     return qkv
 

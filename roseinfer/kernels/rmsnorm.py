@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
 
@@ -42,6 +43,9 @@ def _rmsnorm_kernel(
     var = tl.sum(xf * xf, axis=0) / n_cols
     y = (xf * tl.rsqrt(var + eps)).to(x.dtype)
     tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype), mask=mask)
+
+
+launcher = DirectLaunch(_rmsnorm_kernel)
 
 
 @triton.jit
@@ -95,20 +99,15 @@ def rmsnorm(
         return out
     block = triton.next_power_of_2(n_cols)
     res = residual if residual is not None else x
-    _rmsnorm_kernel[(n_rows,)](
-        x,
-        res,
-        weight,
-        out,
-        x.stride(0),
-        res.stride(0),
-        out.stride(0),
-        n_cols,
-        eps,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK=block,
-        **pdl_kwargs(pdl),
-        num_warps=min(16, max(1, block // 256)),
+    launcher.run(
+        (n_rows,),
+        (x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), n_cols, eps),
+        dict(
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            **pdl_kwargs(pdl),
+            num_warps=min(16, max(1, block // 256)),
+        ),
     )
     return out
 

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels.cache_cast import to_cache
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kv.cache_dtype import check_cache_dtype
 
 
@@ -100,6 +101,9 @@ def _rotary_kernel(
         _rotate_heads(k, k, stride_kh, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_H, BLOCK_D)
 
 
+launcher = DirectLaunch(_rotary_kernel)
+
+
 def _check(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("rotary needs a contiguous last dimension")
@@ -157,37 +161,17 @@ def _launch(
     block_d = triton.next_power_of_2(half)
     block_h = max(1, min(16, 2048 // block_d))
     vv, kc, vc = (v, k_cache, v_cache) if store else (k, k, k)  # unused without STORE_KV
-    _rotary_kernel[(num_tokens,)](
-        q,
-        k,
-        vv,
-        positions,
-        cos_sin,
-        slot_mapping if store else positions,
-        kc,
-        vc,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        vv.stride(0),
-        vv.stride(1),
-        kc.stride(0),
-        kc.stride(1),
-        kc.stride(2),
-        vc.stride(0),
-        vc.stride(1),
-        vc.stride(2),
-        NUM_Q_HEADS=num_q_heads,
-        NUM_K_HEADS=k.shape[1],
-        HALF=half,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        STORE_KV=store,
-        BLOCK_SIZE=kc.shape[1] if store else 1,
-        BLOCK_FULL_D=triton.next_power_of_2(head_dim),
+    args = (
+        q, k, vv, positions, cos_sin, slot_mapping if store else positions, kc, vc,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), vv.stride(0), vv.stride(1),
+        *kc.stride()[:3], *vc.stride()[:3],
+    )  # fmt: skip
+    constexprs = dict(
+        NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=k.shape[1], HALF=half, BLOCK_H=block_h, BLOCK_D=block_d,
+        STORE_KV=store, BLOCK_SIZE=kc.shape[1] if store else 1, BLOCK_FULL_D=triton.next_power_of_2(head_dim),
         num_warps=4,
-    )
+    )  # fmt: skip
+    launcher.run((num_tokens,), args, constexprs)
 
 
 def apply_rotary_ref(

@@ -12,9 +12,7 @@ import torch
 
 from roseinfer import LLM, SamplingParams
 from roseinfer.bench.jit_watch import watch_triton_compiles
-from roseinfer.kernels import paged_prefill_ws
-from roseinfer.kernels.paged_prefill_attention import _prefill_kernel
-from roseinfer.kernels.paged_prefill_ws import _prefill_ws_kernel
+from roseinfer.kernels import paged_prefill_attention, paged_prefill_ws
 from roseinfer.kernels.prefill_plan import LONG_TILE
 from tests.engine.test_prompt_logprobs import reference
 from tests.gpu.conftest import free_gpu
@@ -56,9 +54,9 @@ def forget_prefill_variants() -> None:
     """Drops the prefill kernels' variants held in this process, so the next launch of each reaches Triton's
     compile hooks again (from its disk cache, if there). Tests run before in this process (the kernels' own)
     compile the very variants start-up must: without this the start-up watch could not see them."""
-    for kernel in (_prefill_kernel, _prefill_ws_kernel):
-        kernel.device_caches.clear()
-    paged_prefill_ws.launcher.forget()
+    for launcher in (paged_prefill_attention.launcher, paged_prefill_ws.launcher):
+        launcher.kernel.device_caches.clear()
+        launcher.forget()
 
 
 def engine(directory: str, dtype: str, backend: str, key_splits: bool = True, eager: bool = True) -> LLM:

@@ -155,7 +155,7 @@ def test_live_needs_an_order_and_no_new_token() -> None:
 
 
 # Runs in a process of its own, off the interpreter: each launch below, as `paged_decode_attention` makes it on
-# CPU tensors (the recorder stands in for the kernel), compiled for sm_90 with the argument types it passed.
+# CPU tensors (the recorder stands in for its launcher), compiled for sm_90 with the argument types it passed.
 COMPILE_LAUNCHES_FOR_SM90 = """
 import json
 import torch
@@ -167,10 +167,10 @@ from roseinfer.kernels.decode_new_token import NewTokenKV
 kernel, launches = pda._decode_kernel, []
 
 class Recorder:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: launches.append((args, kwargs))
+    def run(self, grid, args, constexprs):
+        launches.append((args, dict(constexprs)))
 
-pda._decode_kernel = Recorder()
+pda.launcher = Recorder()
 types = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32", torch.int64: "*i64"}
 rows, heads, kv_heads, dim = 8, 32, 8, 128
 q = torch.zeros((rows, heads, dim), dtype=torch.bfloat16)

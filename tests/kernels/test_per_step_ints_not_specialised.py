@@ -24,8 +24,10 @@ for info in pkgutil.iter_modules(pkg.__path__):
     module = importlib.import_module(f"roseinfer.kernels.{info.name}")
     source = inspect.getsource(module)
     for name, obj in vars(module).items():
-        # Launched kernels only (`name[grid](...)`): a device function is compiled into its caller.
-        if isinstance(obj, triton.runtime.jit.JITFunction) and f"{name}[" in source:
+        # Launched kernels only (`name[grid](...)` or through `DirectLaunch(name)`): a device function is compiled
+        # into its caller.
+        launched = f"{name}[" in source or f"DirectLaunch({name})" in source
+        if isinstance(obj, triton.runtime.jit.JITFunction) and launched:
             found[f"{info.name}.{name}"] = {p.name: bool(p.do_not_specialize) for p in obj.params}
 print(json.dumps(found))
 """
