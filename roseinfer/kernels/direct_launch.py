@@ -105,11 +105,13 @@ class DirectLaunch:
         self.descriptors: dict[tuple, list[Any]] = {}
         self.launches = [0, 0]
         self.encodings = 0
-        # Per parameter, whether Triton specialises it: not marked do_not_specialize, by name or position (the
-        # interpreter's kernels keep the marks among their jit keyword arguments).
-        marks = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize")
+        # Per parameter, whether Triton specialises it: not marked do_not_specialize, by name or position.
+        marks = getattr(kernel, "do_not_specialize", None)
+        if marks is None:  # the interpreter's kernels keep the marks among their jit keyword arguments
+            marks = getattr(kernel, "kwargs", {}).get("do_not_specialize")
+        marks = set(marks or ())
         self.specialised = tuple(
-            i not in (marks or ()) and name not in (marks or ()) for i, name in enumerate(kernel.arg_names)
+            i not in marks and name not in marks for i, name in enumerate(kernel.arg_names)
         )
 
     def run(self, grid: Sequence[int], args: Sequence[Any], constexprs: dict[str, Any]) -> None:
