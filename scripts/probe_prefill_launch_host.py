@@ -1,9 +1,9 @@
 """Host time of one paged prefill attention launch, the warp-specialised kernel's (Hopper; by `DirectLaunch`; with
 its K/V descriptors encoded on every call, as before they were kept; and through Triton's per-call binding, as
-before either) against the Triton kernel's at the same 128 x 128 tile, and a rotary launch for scale: W7's eager
-long-tile layers left the GPU idle between the rotary kernel and the WS launch (58 us a layer on average, H200
-trace, PERFORMANCE.md "Fifty-fourth session"). The GPU is kept busy by a queued sleep, so each call's time is the
-host's alone. GPU only.
+before either) against the Triton kernel's at the same 128 x 128 tile (by `DirectLaunch.run` since the 58th
+session), and a rotary launch for scale: W7's eager long-tile layers left the GPU idle between the rotary kernel
+and the WS launch (58 us a layer on average, H200 trace, PERFORMANCE.md "Fifty-fourth session"). The GPU is kept
+busy by a queued sleep, so each call's time is the host's alone. GPU only.
 
     python scripts/probe_prefill_launch_host.py [--calls 200]
 """
