@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from probe_mixed_step import LaunchTimer  # scripts/ is on the path when a script runs
 
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
@@ -55,30 +56,18 @@ def main() -> None:
         engine.add_request(prompt, params)
     for _ in range(args.skip):
         engine.step(final_only=True)
-    runner = engine.core.runner
-    original = runner.launch
-    launch_s = 0.0
-
-    def timed_launch(out):
-        nonlocal launch_s
-        t0 = time.perf_counter()
-        try:
-            return original(out)
-        finally:
-            launch_s += time.perf_counter() - t0
-
-    runner.launch = timed_launch
+    timer = LaunchTimer(engine.core.runner)
     direct_run = DirectLaunch.run
     results: dict[str, list[tuple[float, float]]] = {"direct": [], "via Triton": []}
     for _ in range(args.steps):
         for mode, run in (("direct", direct_run), ("via Triton", through_triton)):
             DirectLaunch.run = run  # type: ignore[method-assign]
             torch.cuda.synchronize()
-            launch_s = 0.0
+            timer.seconds = 0.0
             t0 = time.perf_counter()
             engine.step(final_only=True)
             torch.cuda.synchronize()
-            results[mode].append((time.perf_counter() - t0, launch_s))
+            results[mode].append((time.perf_counter() - t0, timer.seconds))
     DirectLaunch.run = direct_run  # type: ignore[method-assign]
     kind = "steps with prefill work" if args.mixed_only else "every step"
     print(

@@ -30,6 +30,23 @@ from roseinfer.entrypoints.llm import make_engine_config
 CONFIGS = Path(__file__).resolve().parents[1] / "roseinfer/models/configs"
 
 
+class LaunchTimer:
+    """Adds up the host's time in `runner.launch` (in `seconds`), wrapping it in place."""
+
+    def __init__(self, runner) -> None:
+        self.seconds = 0.0
+        original = runner.launch
+
+        def timed(out):
+            t0 = time.perf_counter()
+            try:
+                return original(out)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        runner.launch = timed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-shape", default="llama-3.1-8b")
@@ -92,19 +109,7 @@ def main() -> None:
             f"median {chunk[len(chunk) // 2] * 1e3:7.2f}, max {chunk[-1] * 1e3:8.2f}"
         )
     allocator(f"after {args.skip} steps:")
-    runner = engine.core.runner
-    launch_s = 0.0
-    original = runner.launch
-
-    def timed_launch(out):
-        nonlocal launch_s
-        t0 = time.perf_counter()
-        try:
-            return original(out)
-        finally:
-            launch_s += time.perf_counter() - t0
-
-    runner.launch = timed_launch
+    timer = LaunchTimer(engine.core.runner)
     sched = engine.core.scheduler
     decodes = sum(1 for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens)
     if args.no_gc:
@@ -115,7 +120,7 @@ def main() -> None:
         engine.step(final_only=True)
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    host = launch_s
+    host = timer.seconds
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # traced: the kernel time
         for _ in range(args.steps):
             engine.step(final_only=True)

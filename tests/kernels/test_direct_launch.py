@@ -112,11 +112,11 @@ class FakeVariant:
 
 
 class FakeKernel:
-    """`kernel[grid](...)`: records the call and returns its variant, as JITFunction.run does."""
+    """`kernel[grid](...)` of `kernel`: records the call and returns its variant, as JITFunction.run does."""
 
-    arg_names = KERNEL.arg_names
-
-    def __init__(self) -> None:
+    def __init__(self, kernel=KERNEL) -> None:
+        self.arg_names = kernel.arg_names
+        self.do_not_specialize = kernel.do_not_specialize
         self.bound: list[tuple] = []
         self.variant = FakeVariant()
 

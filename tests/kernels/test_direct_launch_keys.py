@@ -26,6 +26,7 @@ from roseinfer.kernels import (  # noqa: E402
     rmsnorm,
     rotary,
 )
+from tests.kernels.test_direct_launch import FakeKernel  # noqa: E402
 
 BACKEND = make_backend(GPUTarget("cuda", 90, 32))
 
@@ -194,43 +195,14 @@ def test_the_wrapper_passes_every_argument_in_order(module, monkeypatch) -> None
         binder(kernel)(*args, **constexprs)  # Triton takes the call as it is
 
 
-class FakeVariant:
-    function = 0xF00
-    packed_metadata = ("packed",)
-
-    def __init__(self) -> None:
-        self.launched: list[tuple] = []
-
-    def run(self, *args) -> None:
-        self.launched.append(args)
-
-
-class FakeKernel:
-    """`kernel[grid](...)` of the prefill kernel: records the call and returns its variant."""
-
-    kernel = jitted(paged_prefill_attention._prefill_kernel)
-    arg_names = kernel.arg_names
-    do_not_specialize = kernel.do_not_specialize
-
-    def __init__(self) -> None:
-        self.bound: list[tuple] = []
-        self.variant = FakeVariant()
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            self.bound.append((grid, args, kwargs))
-            return self.variant
-
-        return run
-
-
 def test_run_goes_direct_for_a_known_key(monkeypatch) -> None:
     """After a key's first launch, `run` hands the variant's launcher what Triton's binder would bind, for new
     tensors and new values of the unspecialised integers; a misaligned tensor or a specialised integer Triton tells
     apart from the last goes through Triton again."""
-    fake = FakeKernel()
+    kernel = jitted(paged_prefill_attention._prefill_kernel)
+    fake = FakeKernel(kernel)
     launcher = direct_launch.DirectLaunch(fake)
-    recorder = Recorder(FakeKernel.kernel)
+    recorder = Recorder(kernel)
     monkeypatch.setattr(direct_launch, "is_interpret", lambda: False)
     active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0x5EED)
     monkeypatch.setattr(direct_launch, "driver", SimpleNamespace(active=active))
@@ -240,8 +212,8 @@ def test_run_goes_direct_for_a_known_key(monkeypatch) -> None:
     _, grid, args, constexprs = recorder.calls[-1]
     launcher.run(grid, args, constexprs)
     assert launcher.launches == [1, 0]
-    names = FakeKernel.kernel.arg_names
-    index = {name: names.index(name) for name in ("q_ptr", "first_seq", "stride_qt", "num_q_heads")}
+    names = kernel.arg_names
+    index = {name: names.index(name) for name in ("q_ptr", "first_seq", "num_q_heads")}
     again = list(args)
     again[index["q_ptr"]] = torch.zeros_like(args[index["q_ptr"]])
     again[index["first_seq"]] = args[index["first_seq"]] + 3  # do_not_specialize: the same variant
@@ -249,7 +221,7 @@ def test_run_goes_direct_for_a_known_key(monkeypatch) -> None:
     assert launcher.launches == [1, 1]
     (launched,) = fake.variant.launched
     assert launched[:9] == (*grid, *(1,) * (3 - len(grid)), 0x5EED, 0xF00, ("packed",), None, None, None)
-    bound = list(binder(FakeKernel.kernel)(*again, **constexprs)[0].values())
+    bound = list(binder(kernel)(*again, **constexprs)[0].values())
     assert len(launched[9:]) == len(bound) == len(names)
     for name, got, want in zip(names, launched[9:], bound, strict=True):
         assert got is want if isinstance(want, torch.Tensor) else got == want, name
