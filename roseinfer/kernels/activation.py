@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import cdiv, next_power_of_2
 from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms, scale_by_inv_rms_ref
@@ -71,7 +72,7 @@ def silu_and_mul(
     block, num_warps = _config(n_cols, r_cols=rms_of.shape[1] if rms_of is not None else 0)
     r = rms_of if rms_of is not None else x
     launcher.run(
-        (n_rows, triton.cdiv(n_cols, block)),
+        (n_rows, cdiv(n_cols, block)),
         (x, out, r, x.stride(0), out.stride(0), r.stride(0), n_cols, r.shape[1], eps),
         dict(
             BLOCK=block,
@@ -89,8 +90,8 @@ def _config(n_cols: int, r_cols: int) -> tuple[int, int]:
     tiles: llama-3.1-8b (4096) at batch 256 took 15.3 us with 1024 columns a program, 13.2 with 4096 (8
     warps); qwen2.5-0.5b's 896 is best at 1024 (H200, scripts/probe_deferred_norm.py silu)."""
     if r_cols >= 2048:
-        return min(4096, triton.next_power_of_2(n_cols)), 8
-    return min(1024, triton.next_power_of_2(n_cols)), 4
+        return min(4096, next_power_of_2(n_cols)), 8
+    return min(1024, next_power_of_2(n_cols)), 4
 
 
 def silu_and_mul_ref(x: torch.Tensor, rms_of: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:

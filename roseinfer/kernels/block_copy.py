@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import cdiv, next_power_of_2
+
 
 @triton.jit
 def _copy_blocks_kernel(
@@ -48,8 +50,8 @@ def copy_blocks(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) ->
     block_numel = kv_cache[0].numel()
     # 16-byte accesses at 4 elements a thread for fp32, 8 for 16-bit types: 4096 elements per program is
     # 8-16 KiB moved each, enough to hide latency without starving the grid on a handful of pairs.
-    block = min(4096, triton.next_power_of_2(block_numel))
-    grid = (num_pairs, triton.cdiv(block_numel, block))
+    block = min(4096, next_power_of_2(block_numel))
+    grid = (num_pairs, cdiv(block_numel, block))
     _copy_blocks_kernel[grid](kv_cache, src, dst, block_numel, BLOCK=block, num_warps=4)
 
 

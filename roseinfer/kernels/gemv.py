@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import is_interpret, num_sms
+from roseinfer.kernels._common import cdiv, is_interpret, next_power_of_2, num_sms
 from roseinfer.kernels.activation import silu_and_mul_ref
 from roseinfer.kernels.rmsnorm import rmsnorm_ref
 
@@ -120,9 +120,9 @@ def gemv_tile(n: int, k: int, gated: bool, device: torch.device) -> GemvTile:
     if gated:  # two weight tiles per step
         return GemvTile(8, 256, 4, 3)
     block_n = 16
-    while block_n > 4 and triton.cdiv(n, block_n) < 2 * num_sms(device):
+    while block_n > 4 and cdiv(n, block_n) < 2 * num_sms(device):
         block_n //= 2
-    return GemvTile(block_n, max(128, min(1024, triton.next_power_of_2(k), 8192 // block_n)), 4, 3)
+    return GemvTile(block_n, max(128, min(1024, next_power_of_2(k), 8192 // block_n)), 4, 3)
 
 
 def gemv(
@@ -158,7 +158,7 @@ def gemv(
     if m == 0:
         return out
     t = tile or gemv_tile(n, k, gated, x.device)
-    _gemv_kernel[(triton.cdiv(n, t.block_n), m)](
+    _gemv_kernel[(cdiv(n, t.block_n), m)](
         x,
         weight,
         out,
@@ -180,7 +180,7 @@ def gemv(
         BLOCK_N=t.block_n,
         BLOCK_K=t.block_k,
         NUM_STAGES=t.num_stages,
-        NORM_BLOCK=triton.next_power_of_2(k) if norm_weight is not None else 1,
+        NORM_BLOCK=next_power_of_2(k) if norm_weight is not None else 1,
         num_warps=t.num_warps,
     )
     return out

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import cdiv, next_power_of_2
 from roseinfer.kernels.cache_cast import to_cache
 from roseinfer.kv.cache_dtype import check_cache_dtype, to_cache_dtype
 
@@ -93,10 +94,10 @@ def store_kv(
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_power_of_2(head_dim)
     # Cap a program's tile at ~4k elements; the head axis goes to the grid beyond that.
-    block_h = max(1, min(triton.next_power_of_2(num_heads), 4096 // block_d))
-    grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    block_h = max(1, min(next_power_of_2(num_heads), 4096 // block_d))
+    grid = (num_tokens, cdiv(num_heads, block_h))
     _store_kv_kernel[grid](
         k,
         v,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import is_interpret, max_shared_memory
+from roseinfer.kernels._common import cdiv, is_interpret, max_shared_memory, next_power_of_2
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.sampling import gumbel_block
 from roseinfer.kernels.skinny_gemm import (
@@ -151,10 +151,10 @@ def logits_and_sample(
     tile = _fitted_tile(tile or default_tile(m), block_m, h.element_size(), max_shared_memory(h.device))
     if is_interpret():
         tile = replace(tile, block_n=min(tile.block_n, 32), block_k=min(tile.block_k, 32), num_stages=1)
-    num_tiles = triton.cdiv(n, tile.block_n)
+    num_tiles = cdiv(n, tile.block_n)
     best = torch.empty((m, num_tiles), dtype=torch.float32, device=h.device)
     index = torch.empty((m, num_tiles), dtype=torch.int32, device=h.device)
-    _logits_sample_kernel[(triton.cdiv(m, block_m), num_tiles)](
+    _logits_sample_kernel[(cdiv(m, block_m), num_tiles)](
         h,
         w,
         logits,
@@ -172,7 +172,5 @@ def logits_and_sample(
         GREEDY_ONLY=greedy_only,
         **tile_launch_kwargs(tile, block_m, h.dtype, pdl),
     )
-    _pick_kernel[(m,)](
-        best, index, tokens, num_tiles, TILES=triton.next_power_of_2(num_tiles), **pdl_kwargs(pdl)
-    )
+    _pick_kernel[(m,)](best, index, tokens, num_tiles, TILES=next_power_of_2(num_tiles), **pdl_kwargs(pdl))
     return logits

@@ -34,6 +34,7 @@ from roseinfer.kernels._common import (
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
+    next_power_of_2,
 )
 from roseinfer.kernels.decode_kv_tile import attend_tile, load_kv_rows, load_tile_blocks
 from roseinfer.kernels.decode_new_token import (
@@ -45,7 +46,6 @@ from roseinfer.kernels.decode_new_token import (
 )
 from roseinfer.kernels.decode_split_merge import finish_split, gpu_split
 from roseinfer.kernels.direct_launch import DirectLaunch
-from roseinfer.kernels.paged_decode_split import choose_num_splits
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.rmsnorm import row_chunk, row_inv_rms, scale_by_inv_rms
 
@@ -308,10 +308,8 @@ def paged_decode_attention(
     block_size, num_kv_heads, head_dim = check_paged_cache(k_cache, v_cache, q.dtype)
     batch, num_q_heads, _ = q.shape
     launch.check_rows(q, head_dim, num_kv_heads, seq_lens, block_tables, order, live, new_kv is not None)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if block_tables.stride(-1) != 1:
-        block_tables = block_tables.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.stride(-1) != 1:
@@ -322,14 +320,16 @@ def paged_decode_attention(
         return out
 
     group = num_q_heads // num_kv_heads
-    d_pad = max(16, triton.next_power_of_2(head_dim))
-    group_pad = max(16, triton.next_power_of_2(group))
+    d_pad = max(16, next_power_of_2(head_dim))
+    group_pad = max(16, next_power_of_2(group))
     if live is not None:
         num_splits = 1  # the grid's; each program takes its own from `live`
     elif num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+        num_splits = launch.choose_num_splits(
+            batch, num_kv_heads, block_tables.shape[1] * block_size, q.device
+        )
     num_splits = max(1, int(num_splits))
-    splits_pad = triton.next_power_of_2(num_splits) if live is None else launch.MAX_SPLITS
+    splits_pad = next_power_of_2(num_splits) if live is None else launch.MAX_SPLITS
     block_n, num_warps, num_stages = launch.decode_config(d_pad, q.dtype, k_cache.dtype)
     split = num_splits > 1 or live is not None
     if split:  # with `live`: a row's splits take the slots of the launch's own programs (at most batch)

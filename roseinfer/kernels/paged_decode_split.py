@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import triton
 
-from roseinfer.kernels._common import is_interpret, num_sms
+from roseinfer.kernels._common import cdiv, is_interpret, num_sms
 from roseinfer.kv.cache_dtype import is_fp8
 
 # A split shorter than this many keys is not worth its partial write and merge.
@@ -60,8 +59,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
     target = target_programs(device)
     if programs >= target:
         return 1
-    splits = triton.cdiv(target, programs)
-    splits = min(splits, triton.cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), MAX_SPLITS)
+    splits = cdiv(target, programs)
+    splits = min(splits, cdiv(max(max_seq_len, 1), MIN_KEYS_PER_SPLIT), MAX_SPLITS)
     return max(1, splits)
 
 

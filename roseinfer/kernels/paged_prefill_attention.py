@@ -23,10 +23,12 @@ from roseinfer.kernels import paged_prefill_ws as prefill_ws
 from roseinfer.kernels._common import (
     LOG2E,
     attention_dot_dtype,
+    cdiv,
     check_paged_cache,
     dot_dtype,
     dot_precision,
     gather_sequence_kv,
+    next_power_of_2,
 )
 from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.paged_decode_split import merge_counters
@@ -287,7 +289,7 @@ def paged_prefill_attention(
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
     if not 0 <= first_seq <= num_seqs:
         raise ValueError(f"first_seq {first_seq} is outside [0, {num_seqs}]")
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_power_of_2(head_dim))
     part_m = part_l = part_acc = out  # not read unless the keys are split
     counters = query_start_loc
     tile_map = tiles is not None
@@ -314,7 +316,7 @@ def paged_prefill_attention(
         if num_tokens == 0 or num_seqs - first_seq <= 0 or max_query_len <= 0:
             return out
         block_m = prefill_block_m(head_dim, q.dtype, max_query_len, block_m)
-        grid = (triton.cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
+        grid = (cdiv(max_query_len, block_m), num_q_heads, num_seqs - first_seq)
         tiles, tile_stride = query_start_loc, 0  # not read
     if prefill_ws.takes_launch(q, k_cache, v_cache, block_m, block_n, cuts_keys=tile_map and split_rows > 0):
         ws_tiles = tiles if tile_map else None

@@ -20,7 +20,6 @@ import functools
 from typing import NamedTuple
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -33,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from roseinfer.kernels._common import LOG2E, is_interpret
+from roseinfer.kernels._common import LOG2E, cdiv, is_interpret
 from roseinfer.kernels.direct_launch import DirectLaunch, variant_key
 
 BLOCK_M = gl.constexpr(128)
@@ -365,7 +364,7 @@ def paged_prefill_attention_ws(
         grid: tuple[int, ...] = (num_q_heads * tiles.shape[1],)
         tile_ptr, tile_stride = tiles, tiles.stride(0)
     else:
-        grid = (triton.cdiv(max_query_len, BLOCK_M), num_q_heads, query_start_loc.shape[0] - 1 - first_seq)
+        grid = (cdiv(max_query_len, BLOCK_M), num_q_heads, query_start_loc.shape[0] - 1 - first_seq)
         tile_ptr, tile_stride = query_start_loc, 0  # not read
     specialised = (q.stride(0), q.stride(1), out.stride(0), out.stride(1), num_q_heads)
     unspecialised = (block_tables.stride(0), first_seq, tile_stride, k_cache.stride(0), v_cache.stride(0))

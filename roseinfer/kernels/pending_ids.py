@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import cdiv
+
 BLOCK = 1024
 
 
@@ -30,7 +32,7 @@ def scatter_pending(
     if fill_row.numel() != n:
         raise ValueError(f"{n} fill indices but {fill_row.numel()} fill rows")
     if n:
-        _scatter_pending_kernel[(triton.cdiv(n, BLOCK),)](ids, fill_index, fill_row, prev, n, BLOCK=BLOCK)
+        _scatter_pending_kernel[(cdiv(n, BLOCK),)](ids, fill_index, fill_row, prev, n, BLOCK=BLOCK)
 
 
 def scatter_pending_ref(

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
 
 from roseinfer.kernels import paged_prefill_ws
-from roseinfer.kernels._common import is_interpret, num_sms
+from roseinfer.kernels._common import is_interpret, next_power_of_2, num_sms
 from roseinfer.kv.cache_dtype import is_fp8
 
 # A chunk of PREFIX_CHUNK_TOKENS or more over at least as many cached ones, or a chunk of LONG_CHUNK_TOKENS or
@@ -81,9 +80,9 @@ def prefill_block_m(head_dim: int, dtype: torch.dtype, max_query_len: int, block
     """The q tile height for chunks of up to `max_query_len` tokens: short chunks (mixed batches of decodes
     and small prefills) would waste most of a big tile. (LONG_TILE is the planner's choice, from the step's
     lengths: `TilePlanner.long_tile_pays`.)"""
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_power_of_2(head_dim))
     block_m = block_m or prefill_config(d_pad, dtype)[0]
-    return max(16, min(block_m, triton.next_power_of_2(max(1, max_query_len))))
+    return max(16, min(block_m, next_power_of_2(max(1, max_query_len))))
 
 
 # A tile map's rows: the sequence, its q tile, the key split, the tile's split count, the tile's first partial
@@ -116,7 +115,7 @@ def key_split_for(
     """The engine's split policy for a model's heads, at the tile `block_m` picks (`prefill_config`). An SM
     holds one 8-warp program of the 128-row tile (230 registers a thread with the merge) and at least two of
     the 4-warp ones."""
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = max(16, next_power_of_2(head_dim))
     _, block_n, num_warps, _ = prefill_config(d_pad, dtype, block_m=block_m)
     per_sm = 1 if num_warps >= 8 else 2
     return KeySplit(num_heads, block_n, per_sm * num_sms(device))
@@ -217,7 +216,7 @@ class TilePlanner:
         self.head_dim = head_dim
         self.dtype = dtype
         self.split = key_split_for(num_heads, head_dim, dtype, device) if key_splits else None
-        d_pad = max(16, triton.next_power_of_2(head_dim))
+        d_pad = max(16, next_power_of_2(head_dim))
         self.long_split = (  # the split policy of LONG_TILE's launches (its key tiles, its wave)
             key_split_for(num_heads, head_dim, dtype, device, LONG_TILE[0])
             if key_splits and long_tile_applies(d_pad, dtype, cache_dtype)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import cdiv, next_power_of_2
 from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.rmsnorm import rmsnorm_ref
 
@@ -75,12 +76,12 @@ def qk_norm_(
     heads = num_q_heads + num_kv_heads
     if qkv.shape[0] == 0:
         return qkv
-    per_program = min(HEADS_PER_PROGRAM, triton.next_power_of_2(heads))
-    grid = (qkv.shape[0], triton.cdiv(heads, per_program))
+    per_program = min(HEADS_PER_PROGRAM, next_power_of_2(heads))
+    grid = (qkv.shape[0], cdiv(heads, per_program))
     launcher.run(
         grid,
         (qkv, q_weight, k_weight, qkv.stride(0), num_q_heads, heads, eps),
-        dict(HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim), HEADS=per_program),
+        dict(HEAD_DIM=head_dim, D_PAD=next_power_of_2(head_dim), HEADS=per_program),
     )
     return qkv
 

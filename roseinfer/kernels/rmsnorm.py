@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import next_power_of_2
 from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
@@ -76,7 +77,7 @@ ROW_CHUNK_MAX = 4096
 
 def row_chunk(n_cols: int) -> int:
     """The CHUNK of `row_inv_rms` for rows of n_cols."""
-    return min(ROW_CHUNK_MAX, triton.next_power_of_2(n_cols))
+    return min(ROW_CHUNK_MAX, next_power_of_2(n_cols))
 
 
 def rmsnorm(
@@ -97,7 +98,7 @@ def rmsnorm(
     out = torch.empty_like(x)
     if n_rows == 0:
         return out
-    block = triton.next_power_of_2(n_cols)
+    block = next_power_of_2(n_cols)
     res = residual if residual is not None else x
     launcher.run(
         (n_rows,),

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from roseinfer.kernels._common import next_power_of_2
 from roseinfer.kernels.cache_cast import to_cache
 from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kv.cache_dtype import check_cache_dtype
@@ -158,7 +159,7 @@ def _launch(
         return
     store = v is not None
     half = head_dim // 2
-    block_d = triton.next_power_of_2(half)
+    block_d = next_power_of_2(half)
     block_h = max(1, min(16, 2048 // block_d))
     vv, kc, vc = (v, k_cache, v_cache) if store else (k, k, k)  # unused without STORE_KV
     args = (
@@ -168,7 +169,7 @@ def _launch(
     )  # fmt: skip
     constexprs = dict(
         NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=k.shape[1], HALF=half, BLOCK_H=block_h, BLOCK_D=block_d,
-        STORE_KV=store, BLOCK_SIZE=kc.shape[1] if store else 1, BLOCK_FULL_D=triton.next_power_of_2(head_dim),
+        STORE_KV=store, BLOCK_SIZE=kc.shape[1] if store else 1, BLOCK_FULL_D=next_power_of_2(head_dim),
         num_warps=4,
     )  # fmt: skip
     launcher.run((num_tokens,), args, constexprs)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from roseinfer.kernels._common import is_interpret
+from roseinfer.kernels._common import cdiv, is_interpret, next_power_of_2
 
 BLOCK_V = 4096  # tokens per chunk: each program reads 8 KiB of bf16 logits
 
@@ -116,8 +116,8 @@ def sample_tokens(
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    block = min(256 if is_interpret() else BLOCK_V, max(4, triton.next_power_of_2(vocab)))
-    num_chunks = triton.cdiv(vocab, block)
+    block = min(256 if is_interpret() else BLOCK_V, max(4, next_power_of_2(vocab)))
+    num_chunks = cdiv(vocab, block)
     best = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=logits.device)
     dummy = best  # never read when GREEDY_ONLY
@@ -134,7 +134,7 @@ def sample_tokens(
         BLOCK=block,
         num_warps=8 if block >= 2048 else 4,
     )
-    _pick_kernel[(num_rows,)](best, index, out, num_chunks, CHUNKS=triton.next_power_of_2(num_chunks))
+    _pick_kernel[(num_rows,)](best, index, out, num_chunks, CHUNKS=next_power_of_2(num_chunks))
     return out
 
 
@@ -151,7 +151,7 @@ def gumbel_noise(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
     """The noise `sample_tokens` adds for these seeds, [N, V] float32 (for tests)."""
     out = torch.empty((seeds.shape[0], vocab), dtype=torch.float32, device=seeds.device)
     block = 256
-    _noise_kernel[(seeds.shape[0], triton.cdiv(vocab, block))](seeds, out, vocab, BLOCK=block)
+    _noise_kernel[(seeds.shape[0], cdiv(vocab, block))](seeds, out, vocab, BLOCK=block)
     return out
 
 

@@ -25,7 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-from roseinfer.kernels._common import dot_dtype, dot_precision, max_shared_memory, num_sms
+from roseinfer.kernels._common import (
+    cdiv,
+    dot_dtype,
+    dot_precision,
+    max_shared_memory,
+    next_power_of_2,
+    num_sms,
+)
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
 MAX_ROWS = 64
@@ -55,12 +62,12 @@ def skinny_tile(n: int, k: int, sms: int, block_m: int = MAX_ROWS) -> GemmTile:
     So: an output wider than K takes no split, and 64 columns where that still makes two waves of programs;
     any other cuts K into shares of at least 1024, as many as it takes to give every SM a program. At 64 rows
     short shares of K then take deeper pipelines (`_deep_pipeline`)."""
-    tiles = triton.cdiv(n, 32)
+    tiles = cdiv(n, 32)
     long_k = k >= 2048
     if n > k:
         if tiles < sms // 2:  # narrow: 16-column tiles to fill the GPU
             tile = GemmTile(16, 128, 1, num_stages=4)
-        elif triton.cdiv(n, 64) >= 2 * sms:
+        elif cdiv(n, 64) >= 2 * sms:
             tile = GemmTile(64, 128, 1, num_stages=3)
         else:
             tile = GemmTile(32, 128, 1, num_stages=4 if long_k else 3)
@@ -86,7 +93,7 @@ def _deep_pipeline(tile: GemmTile, n: int, k: int, block_m: int) -> GemmTile:
 
 def padded_rows(m: int) -> int:
     """The kernel's BLOCK_M for m rows: `tl.dot` needs at least 16."""
-    return max(16, triton.next_power_of_2(m))
+    return max(16, next_power_of_2(m))
 
 
 def fit_shared_memory(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
@@ -282,10 +289,10 @@ def skinny_gemm(
         return out if add else out.zero_()
     block_m = padded_rows(m)
     tile = tile or _default_tile(n, k, block_m, x.element_size(), x.device)
-    k_per_split = triton.cdiv(triton.cdiv(k, tile.split), tile.block_k) * tile.block_k
-    split = triton.cdiv(k, k_per_split)  # shares past K would be empty
+    k_per_split = cdiv(cdiv(k, tile.split), tile.block_k) * tile.block_k
+    split = cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    _skinny_gemm_kernel[(triton.cdiv(n, tile.block_n), split)](
+    _skinny_gemm_kernel[(cdiv(n, tile.block_n), split)](
         x,
         w,
         out,
@@ -302,7 +309,7 @@ def skinny_gemm(
         **tile_launch_kwargs(tile, block_m, x.dtype, pdl),
     )
     if split > 1:
-        _split_sum_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        _split_sum_kernel[(cdiv(m * n, REDUCE_BLOCK),)](
             part,
             out,
             m,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import triton
 import triton.language as tl
 
 from roseinfer.kernels import _common, paged_decode_split, pdl
@@ -96,6 +97,17 @@ def test_split_workspace_shapes_and_a_counter_per_sequence_and_kv_head(
     assert part_m.shape == part_l.shape == (batch, hq, splits) and part_acc.shape == (batch, hq, splits, d)
     assert all(t.dtype == torch.float32 and t.is_contiguous() for t in (part_m, part_l, part_acc))
     assert counters.numel() >= batch * hkv and int(counters.count_nonzero()) == 0
+
+
+def test_cdiv_and_next_power_of_2_are_tritons_for_host_ints() -> None:
+    """`_common`'s host copies give what `triton.cdiv` and `triton.next_power_of_2` give: over a range around 0,
+    powers of two and their neighbours, both widths, and numpy integers."""
+    values = [*range(-40, 300), *(2**e + d for e in (10, 16, 31, 32, 40) for d in (-1, 0, 1))]
+    for n in [*values, np.int64(17), np.int32(64), np.int64(2**33 + 1)]:
+        assert _common.next_power_of_2(n) == triton.next_power_of_2(n), n
+        assert type(_common.next_power_of_2(n)) is int
+        for d in (1, 3, 16, 64, 1000):
+            assert _common.cdiv(n, d) == triton.cdiv(n, d), (n, d)
 
 
 def test_dot_types_and_precision(monkeypatch: pytest.MonkeyPatch) -> None:
