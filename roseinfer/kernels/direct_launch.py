@@ -9,7 +9,7 @@ hand the variant's own launcher the arguments as they are.
 A key must fix everything Triton specialises a variant on: the tensors' dtypes and whether their data pointers
 are 16-byte aligned, the constexprs and launch options, the integer arguments not marked do_not_specialize (Triton
 specialises on 1 and on divisibility by 16), and every integer's width. `DirectLaunch.run` keys a launch by exactly
-that (`arg_key`); the warp-specialised launch builds its own key (`variant_key`), as its descriptors are stand-ins.
+that (`arg_key`); the warp-specialised launch keys by the same rule (`variant_key`), its descriptors being stand-ins.
 Triton's debug and instrumentation knobs, and the kernel's globals, are read on a key's first launch only.
 
 A variant whose arguments include tensor descriptors has its launcher wrapped by Triton in one that encodes each
@@ -36,17 +36,6 @@ I32_MAX = 2**31 - 1
 MAX_DESCRIPTORS = 4096  # encodings kept (the prefill kernel's: two a layer); past it, dropped and redone
 
 
-def variant_key(tensors: Sequence[Any], ints: Sequence[int], unspecialised: Sequence[int] = ()) -> tuple:
-    """What Triton specialises a launch's variant on, of these arguments: the tensors' dtypes and 16-byte
-    alignment, the specialised integers' values, and whether every integer fits in 32 bits."""
-    return (
-        *(t.dtype for t in tensors),
-        *(t.data_ptr() % 16 == 0 for t in tensors),
-        *ints,
-        max(0, *ints, *unspecialised) <= I32_MAX,
-    )
-
-
 def arg_key(arg: Any, specialised: bool = True) -> Hashable:
     """What Triton specialises a variant on, of one argument: a tensor's dtype and 16-byte alignment; an integer's
     width (32 bits, 64, unsigned 64) and, unless it is marked do_not_specialize, whether it is 1 and whether 16
@@ -60,6 +49,12 @@ def arg_key(arg: Any, specialised: bool = True) -> Hashable:
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
     return arg
+
+
+def variant_key(tensors: Sequence[Any], ints: Sequence[int], unspecialised: Sequence[int] = ()) -> tuple:
+    """`arg_key` of each of these arguments: tensors, integers Triton specialises, integers marked
+    do_not_specialize."""
+    return (*map(arg_key, tensors), *map(arg_key, ints), *(arg_key(i, False) for i in unspecialised))
 
 
 def _hooked() -> bool:
