@@ -6,12 +6,14 @@ cache, so that its output is compared with the same reference."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 
 from roseinfer.bench import kernels_prefix as kp
 from roseinfer.kernels.paged_prefill_attention import paged_prefill_attention_ref
+from tests.kernels.kernel_utils import DEVICE, HAS_CUDA
 
 
 @pytest.mark.parametrize(("chunk", "prefix"), [(1, 0), (5, 3), (16, 16), (21, 37)])
@@ -49,12 +51,14 @@ def test_each_kernel_matches_sdpa_on_the_same_chunk(monkeypatch, chunk: int, pre
     calls: list[dict] = []
     monkeypatch.setattr(kp, "vllm_fa3", lambda: fake_fa3(calls))
     times = iter([2.0, 1.0, 4.0])  # ours, SDPA, FA3
-    gen = torch.Generator().manual_seed(chunk + prefix)
+    gen = torch.Generator(DEVICE).manual_seed(chunk + prefix)
     rows = kp.bench_prefix_chunk(
         prefix, gen, lambda fn: (fn(), next(times))[1], chunk=chunk, heads=(4, 2, 32)
     )
     assert [r["kernel"] for r in rows] == ["paged_prefill", "sdpa_flash", "vllm_fa3"]
-    assert rows[0]["shape"].endswith(" block_m=default splits=1")  # the interpreter plans no map
+    # the interpreter plans no map; a GPU's planner may cut these few tiles' keys
+    plan = r" block_m=default splits=1" if not HAS_CUDA else r" block_m=(default|\d+) splits=\d+"
+    assert re.search(plan + "$", rows[0]["shape"]), rows[0]["shape"]
     for row in rows:
         assert row["max_abs_err_vs_sdpa"] < 2e-2, row
     assert [r["x_ours"] for r in rows] == [1.0, 0.5, 2.0]
@@ -70,7 +74,7 @@ def test_an_fa3_that_refuses_the_cache_costs_only_its_row(monkeypatch, capsys) -
 
     monkeypatch.setattr(kp, "vllm_fa3", lambda: refuses)
     rows = kp.bench_prefix_chunk(
-        16, torch.Generator().manual_seed(1), lambda fn: 1.0, chunk=5, heads=(2, 1, 16)
+        16, torch.Generator(DEVICE).manual_seed(1), lambda fn: 1.0, chunk=5, heads=(2, 1, 16)
     )
     assert [r["kernel"] for r in rows] == ["paged_prefill", "sdpa_flash"]
     assert "vLLM's FA3 refused the chunk over 16 cached tokens" in capsys.readouterr().out
