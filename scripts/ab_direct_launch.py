@@ -1,28 +1,36 @@
-"""Eager steps with the layer kernels launched through `DirectLaunch.run` against through Triton's per-call binding,
-alternating in one engine.
+"""Eager steps with the layer kernels launched through `DirectLaunch.run` against through Triton's per-call binding
+(or, with `--against triton-math`, the host code's `cdiv` / `next_power_of_2` against Triton's), alternating in one
+engine.
 
 Runs a workload on an engine whose steps all run eagerly (`enforce_eager`, or with `--mixed-only` only the steps
-with prefill work), skips `--skip` steps, then alternates step by step, `--steps` each: `DirectLaunch.run` as it is,
-then every launch through `kernel[grid](...)`. Alternating each step gives both modes the same phases of the
-workload (its batch shrinks as requests finish). Prints each mode's host launch time (the runner's `launch`) and
-wall time a step: mean, median and each fifth of the run's steps. GPU only.
+with prefill work), skips `--skip` steps, then alternates step by step, `--steps` each: the tree as it is, then the
+other mode: every launch through `kernel[grid](...)` (`--against triton-binding`), or every kernel module's host
+`cdiv` and `next_power_of_2` replaced by Triton's constexpr functions (`--against triton-math`). Alternating each
+step gives both modes the same phases of the workload (its batch shrinks as requests finish). Prints each mode's
+host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps.
+GPU only.
 
-    python scripts/ab_direct_launch.py --model-shape qwen3-0.6b [--workload W2] [--steps 100]
+    python scripts/ab_direct_launch.py --model-shape qwen3-0.6b [--workload W2] [--steps 100] [--against triton-math]
 """
 
 from __future__ import annotations
 
 import argparse
+import pkgutil
 import statistics
 import time
+from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 
 import torch
+import triton
 from probe_mixed_step import LaunchTimer  # scripts/ is on the path when a script runs
 
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
+from roseinfer.kernels import _common
 from roseinfer.kernels.direct_launch import DirectLaunch
 
 CONFIGS = Path(__file__).resolve().parents[1] / "roseinfer/models/configs"
@@ -30,6 +38,29 @@ CONFIGS = Path(__file__).resolve().parents[1] / "roseinfer/models/configs"
 
 def through_triton(self: DirectLaunch, grid, args, constexprs) -> None:
     self.kernel[tuple(grid)](*args, **constexprs)
+
+
+DIRECT_RUN = DirectLaunch.run
+
+
+def triton_binding(on: bool) -> None:
+    DirectLaunch.run = through_triton if on else DIRECT_RUN  # type: ignore[method-assign]
+
+
+def host_math_modules() -> list[object]:
+    """The kernel modules whose host code calls `_common`'s `cdiv` or `next_power_of_2`."""
+    import roseinfer.kernels as kernels
+
+    modules = [import_module(f"roseinfer.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)]
+    ours = {id(_common.cdiv), id(_common.next_power_of_2)}
+    return [m for m in modules if m is not _common and ours & {id(v) for v in vars(m).values()}]
+
+
+def triton_math(on: bool, modules: list[object]) -> None:
+    for module in modules:
+        for name in ("cdiv", "next_power_of_2"):
+            if getattr(module, name, None) in (getattr(triton, name), getattr(_common, name)):
+                setattr(module, name, getattr(triton if on else _common, name))
 
 
 def main() -> None:
@@ -40,7 +71,17 @@ def main() -> None:
     parser.add_argument("--mixed-only", action="store_true", help="decode-only steps keep their graphs")
     parser.add_argument("--skip", type=int, default=100)
     parser.add_argument("--steps", type=int, default=100, help="steps in each mode")
+    parser.add_argument("--against", choices=("triton-binding", "triton-math"), default="triton-binding")
     args = parser.parse_args()
+    if args.against == "triton-binding":
+        other: Callable[[bool], None] = triton_binding
+    else:
+        modules = host_math_modules()
+        print(f"Triton's cdiv / next_power_of_2 swapped into {len(modules)} modules")
+
+        def other(on: bool) -> None:
+            triton_math(on, modules)
+
     config, path = make_engine_config(
         str(CONFIGS / f"{args.model_shape}.json"),
         load_format="dummy",
@@ -57,18 +98,17 @@ def main() -> None:
     for _ in range(args.skip):
         engine.step(final_only=True)
     timer = LaunchTimer(engine.core.runner)
-    direct_run = DirectLaunch.run
-    results: dict[str, list[tuple[float, float]]] = {"direct": [], "via Triton": []}
+    results: dict[str, list[tuple[float, float]]] = {"as is": [], args.against: []}
     for _ in range(args.steps):
-        for mode, run in (("direct", direct_run), ("via Triton", through_triton)):
-            DirectLaunch.run = run  # type: ignore[method-assign]
+        for mode in results:
+            other(mode != "as is")
             torch.cuda.synchronize()
             timer.seconds = 0.0
             t0 = time.perf_counter()
             engine.step(final_only=True)
             torch.cuda.synchronize()
             results[mode].append((time.perf_counter() - t0, timer.seconds))
-    DirectLaunch.run = direct_run  # type: ignore[method-assign]
+    other(False)
     kind = "steps with prefill work" if args.mixed_only else "every step"
     print(
         f"{args.model_shape} {args.workload}, budget {args.max_num_batched_tokens}, eager: {kind}; ms a step"
@@ -81,7 +121,7 @@ def main() -> None:
                 for j in range(5)
             )
             print(
-                f"  {mode:10s} {label}: mean {statistics.mean(times):6.2f}, median {statistics.median(times):6.2f}"
+                f"  {mode:14s} {label}: mean {statistics.mean(times):6.2f}, median {statistics.median(times):6.2f}"
                 f"  | by fifths {fifths}"
             )
 
