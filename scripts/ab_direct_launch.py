@@ -7,8 +7,8 @@ with prefill work), skips `--skip` steps, then alternates step by step, `--steps
 other mode: every launch through `kernel[grid](...)` (`--against triton-binding`), or every kernel module's host
 `cdiv` and `next_power_of_2` replaced by Triton's constexpr functions (`--against triton-math`). Alternating each
 step gives both modes the same phases of the workload (its batch shrinks as requests finish). Prints each mode's
-host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps.
-GPU only.
+host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps;
+with `--cprofile N`, then where N more steps' host time goes. GPU only.
 
     python scripts/ab_direct_launch.py --model-shape qwen3-0.6b [--workload W2] [--steps 100] [--against triton-math]
 """
@@ -16,7 +16,9 @@ GPU only.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import pkgutil
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -71,6 +73,9 @@ def main() -> None:
     parser.add_argument("--mixed-only", action="store_true", help="decode-only steps keep their graphs")
     parser.add_argument("--skip", type=int, default=100)
     parser.add_argument("--steps", type=int, default=100, help="steps in each mode")
+    parser.add_argument(
+        "--cprofile", type=int, default=0, help="then N steps as is under cProfile (top by tottime)"
+    )
     parser.add_argument("--against", choices=("triton-binding", "triton-math"), default="triton-binding")
     args = parser.parse_args()
     if args.against == "triton-binding":
@@ -124,6 +129,15 @@ def main() -> None:
                 f"  {mode:14s} {label}: mean {statistics.mean(times):6.2f}, median {statistics.median(times):6.2f}"
                 f"  | by fifths {fifths}"
             )
+    if args.cprofile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.cprofile):
+            engine.step(final_only=True)
+        torch.cuda.synchronize()
+        profiler.disable()
+        print(f"cProfile of {args.cprofile} steps as is, by own time:")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(40)
 
 
 if __name__ == "__main__":
