@@ -7,8 +7,9 @@ with prefill work), skips `--skip` steps, then alternates step by step, `--steps
 other mode: every launch through `kernel[grid](...)` (`--against triton-binding`), or every kernel module's host
 `cdiv` and `next_power_of_2` replaced by Triton's constexpr functions (`--against triton-math`). Alternating each
 step gives both modes the same phases of the workload (its batch shrinks as requests finish). Prints each mode's
-host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps;
-with `--cprofile N`, then where N more steps' host time goes. GPU only.
+host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps,
+and the Triton compiles and full collections that fell in its steps; with `--cprofile N`, then where N more steps'
+host time goes. GPU only.
 
     python scripts/ab_direct_launch.py --model-shape qwen3-0.6b [--workload W2] [--steps 100] [--against triton-math]
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pkgutil
 import pstats
 import statistics
@@ -29,6 +31,7 @@ import torch
 import triton
 from probe_mixed_step import LaunchTimer  # scripts/ is on the path when a script runs
 
+from roseinfer.bench.jit_watch import watch_triton_compiles
 from roseinfer.bench.workloads import build_workload
 from roseinfer.engine.llm_engine import LLMEngine
 from roseinfer.entrypoints.llm import make_engine_config
@@ -104,15 +107,28 @@ def main() -> None:
         engine.step(final_only=True)
     timer = LaunchTimer(engine.core.runner)
     results: dict[str, list[tuple[float, float]]] = {"as is": [], args.against: []}
+    # What lands in one mode's steps and not the other's: Triton compiles (or disk-cache loads), full collections.
+    compiles = {mode: [0, 0.0] for mode in results}  # variants, seconds
+    full_collections = dict.fromkeys(results, 0)
+    mode = "as is"
+
+    def count_full_collections(phase: str, info: dict) -> None:
+        full_collections[mode] += phase == "start" and info["generation"] == 2
+
+    gc.callbacks.append(count_full_collections)
     for _ in range(args.steps):
         for mode in results:
             other(mode != "as is")
             torch.cuda.synchronize()
             timer.seconds = 0.0
             t0 = time.perf_counter()
-            engine.step(final_only=True)
-            torch.cuda.synchronize()
+            with watch_triton_compiles() as compiled:
+                engine.step(final_only=True)
+                torch.cuda.synchronize()
             results[mode].append((time.perf_counter() - t0, timer.seconds))
+            compiles[mode][0] += sum(compiled.values())
+            compiles[mode][1] += compiled.total_seconds()
+    gc.callbacks.remove(count_full_collections)
     other(False)
     kind = "steps with prefill work" if args.mixed_only else "every step"
     print(
@@ -129,6 +145,10 @@ def main() -> None:
                 f"  {mode:14s} {label}: mean {statistics.mean(times):6.2f}, median {statistics.median(times):6.2f}"
                 f"  | by fifths {fifths}"
             )
+        print(
+            f"  {mode:14s} Triton compiles {compiles[mode][0]} ({compiles[mode][1]:.2f} s),"
+            f" full collections {full_collections[mode]}"
+        )
     if args.cprofile:
         profiler = cProfile.Profile()
         profiler.enable()
