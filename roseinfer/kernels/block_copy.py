@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import cdiv, next_power_of_2
+from roseinfer.kernels.direct_launch import DirectLaunch
 
 
 @triton.jit
@@ -36,6 +37,9 @@ def _copy_blocks_kernel(
     tl.store(cache_ptr + dst * numel + offs, vals, mask=mask)
 
 
+launcher = DirectLaunch(_copy_blocks_kernel)
+
+
 def copy_blocks(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """`kv_cache[dst[i]] = kv_cache[src[i]]` for every i, in one launch (`src`/`dst`: int64 [P] on the cache's device)."""
     if not kv_cache.is_contiguous():
@@ -52,7 +56,7 @@ def copy_blocks(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) ->
     # 8-16 KiB moved each, enough to hide latency without starving the grid on a handful of pairs.
     block = min(4096, next_power_of_2(block_numel))
     grid = (num_pairs, cdiv(block_numel, block))
-    _copy_blocks_kernel[grid](kv_cache, src, dst, block_numel, BLOCK=block, num_warps=4)
+    launcher.run(grid, (kv_cache, src, dst, block_numel), {"BLOCK": block, "num_warps": 4})
 
 
 def copy_blocks_ref(kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from roseinfer.kernels._common import cdiv, is_interpret, next_power_of_2, num_sms
 from roseinfer.kernels.activation import silu_and_mul_ref
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.rmsnorm import rmsnorm_ref
 
 
@@ -111,6 +112,9 @@ def _gemv_kernel(
     tl.store(out_ptr + row * stride_om + cols, y.to(dtype), mask=col_ok)
 
 
+launcher = DirectLaunch(_gemv_kernel)
+
+
 def gemv_tile(n: int, k: int, gated: bool, device: torch.device) -> GemvTile:
     """Column tiles narrow enough that every SM gets at least two programs, K tiles wide enough that each
     program has ~16 KiB of weight per step (from `scripts/sweep_gemv.py` on an H200: within a few percent of
@@ -158,31 +162,17 @@ def gemv(
     if m == 0:
         return out
     t = tile or gemv_tile(n, k, gated, x.device)
-    _gemv_kernel[(cdiv(n, t.block_n), m)](
-        x,
-        weight,
-        out,
-        bias if bias is not None else weight,
-        norm_weight if norm_weight is not None else weight,
-        residual if residual is not None else out,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        n * weight.stride(0),
-        eps,
-        NORM=norm_weight is not None,
-        BIAS=bias is not None,
-        GATED=gated,
-        RESIDUAL=residual is not None,
-        BLOCK_N=t.block_n,
-        BLOCK_K=t.block_k,
-        NUM_STAGES=t.num_stages,
-        NORM_BLOCK=next_power_of_2(k) if norm_weight is not None else 1,
-        num_warps=t.num_warps,
-    )
+    args = (
+        x, weight, out, bias if bias is not None else weight, norm_weight if norm_weight is not None else weight,
+        residual if residual is not None else out, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        residual.stride(0) if residual is not None else 0, n * weight.stride(0), eps,
+    )  # fmt: skip
+    constexprs = dict(
+        NORM=norm_weight is not None, BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
+        BLOCK_N=t.block_n, BLOCK_K=t.block_k, NUM_STAGES=t.num_stages,
+        NORM_BLOCK=next_power_of_2(k) if norm_weight is not None else 1, num_warps=t.num_warps,
+    )  # fmt: skip
+    launcher.run((cdiv(n, t.block_n), m), args, constexprs)
     return out
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from roseinfer.kernels._common import cdiv, next_power_of_2
 from roseinfer.kernels.cache_cast import to_cache
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kv.cache_dtype import check_cache_dtype, to_cache_dtype
 
 
@@ -60,6 +61,9 @@ def _store_kv_kernel(
     tl.store(vc, to_cache(v, v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+launcher = DirectLaunch(_store_kv_kernel)
+
+
 def _check_cache(cache: torch.Tensor, name: str) -> None:
     if cache.dim() != 4:
         raise ValueError(
@@ -98,29 +102,15 @@ def store_kv(
     # Cap a program's tile at ~4k elements; the head axis goes to the grid beyond that.
     block_h = max(1, min(next_power_of_2(num_heads), 4096 // block_d))
     grid = (num_tokens, cdiv(num_heads, block_h))
-    _store_kv_kernel[grid](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        NUM_HEADS=num_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
+    args = (
+        k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+    )  # fmt: skip
+    constexprs = dict(
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
         num_warps=4 if block_h * block_d >= 1024 else 1,
-    )
+    )  # fmt: skip
+    launcher.run(grid, args, constexprs)
 
 
 def store_kv_ref(

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import cdiv, is_interpret, max_shared_memory, next_power_of_2
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 from roseinfer.kernels.sampling import gumbel_block
 from roseinfer.kernels.skinny_gemm import (
@@ -117,6 +118,10 @@ def _pick_kernel(best_ptr, index_ptr, out_ptr, num_tiles, TILES: tl.constexpr, P
     tl.store(out_ptr + row, token.to(out_ptr.dtype.element_ty))
 
 
+launcher = DirectLaunch(_logits_sample_kernel)
+pick_launcher = DirectLaunch(_pick_kernel)
+
+
 @functools.cache
 def _fitted_tile(tile: GemmTile, block_m: int, elem_bytes: int, limit: int | None) -> GemmTile:
     return fit_shared_memory(tile, block_m, elem_bytes, limit)
@@ -154,23 +159,17 @@ def logits_and_sample(
     num_tiles = cdiv(n, tile.block_n)
     best = torch.empty((m, num_tiles), dtype=torch.float32, device=h.device)
     index = torch.empty((m, num_tiles), dtype=torch.int32, device=h.device)
-    _logits_sample_kernel[(cdiv(m, block_m), num_tiles)](
-        h,
-        w,
-        logits,
-        best if greedy_only else temperature,  # never read when GREEDY_ONLY
-        best if greedy_only else seeds,
-        best,
-        index,
-        m,
-        n,
-        k,
-        h.stride(0),
-        w.stride(0),
-        logits.stride(0),
-        num_tiles,
-        GREEDY_ONLY=greedy_only,
-        **tile_launch_kwargs(tile, block_m, h.dtype, pdl),
+    launcher.run(
+        (cdiv(m, block_m), num_tiles),
+        (
+            h, w, logits,
+            best if greedy_only else temperature,  # never read when GREEDY_ONLY
+            best if greedy_only else seeds,
+            best, index, m, n, k, h.stride(0), w.stride(0), logits.stride(0), num_tiles,
+        ),
+        dict(GREEDY_ONLY=greedy_only, **tile_launch_kwargs(tile, block_m, h.dtype, pdl)),
+    )  # fmt: skip
+    pick_launcher.run(
+        (m,), (best, index, tokens, num_tiles), dict(TILES=next_power_of_2(num_tiles), **pdl_kwargs(pdl))
     )
-    _pick_kernel[(m,)](best, index, tokens, num_tiles, TILES=next_power_of_2(num_tiles), **pdl_kwargs(pdl))
     return logits

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from roseinfer.kernels._common import cdiv
+from roseinfer.kernels.direct_launch import DirectLaunch
 
 BLOCK = 1024
 
@@ -23,6 +24,9 @@ def _scatter_pending_kernel(ids_ptr, index_ptr, row_ptr, prev_ptr, n, BLOCK: tl.
     tl.store(ids_ptr + index, token.to(ids_ptr.dtype.element_ty), mask=m)
 
 
+launcher = DirectLaunch(_scatter_pending_kernel)
+
+
 def scatter_pending(
     ids: torch.Tensor, fill_index: torch.Tensor, fill_row: torch.Tensor, prev: torch.Tensor
 ) -> None:
@@ -32,7 +36,7 @@ def scatter_pending(
     if fill_row.numel() != n:
         raise ValueError(f"{n} fill indices but {fill_row.numel()} fill rows")
     if n:
-        _scatter_pending_kernel[(cdiv(n, BLOCK),)](ids, fill_index, fill_row, prev, n, BLOCK=BLOCK)
+        launcher.run((cdiv(n, BLOCK),), (ids, fill_index, fill_row, prev, n), {"BLOCK": BLOCK})
 
 
 def scatter_pending_ref(

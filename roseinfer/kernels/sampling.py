@@ -16,6 +16,7 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 from roseinfer.kernels._common import cdiv, is_interpret, next_power_of_2
+from roseinfer.kernels.direct_launch import DirectLaunch
 
 BLOCK_V = 4096  # tokens per chunk: each program reads 8 KiB of bf16 logits
 
@@ -101,6 +102,10 @@ def _pick_kernel(best_ptr, index_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr)
     tl.store(out_ptr + row, tl.min(tl.where(best == top, index, 2**31 - 1), axis=0).to(tl.int64))
 
 
+chunk_launcher = DirectLaunch(_chunk_kernel)
+pick_launcher = DirectLaunch(_pick_kernel)
+
+
 def sample_tokens(
     logits: torch.Tensor,  # [N, V], last dim contiguous
     temperature: torch.Tensor | None,  # [N] float32, 0 = greedy; None = every row greedy
@@ -121,20 +126,15 @@ def sample_tokens(
     best = torch.empty((num_rows, num_chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty((num_rows, num_chunks), dtype=torch.int32, device=logits.device)
     dummy = best  # never read when GREEDY_ONLY
-    _chunk_kernel[(num_rows, num_chunks)](
-        logits,
-        logits.stride(0),
-        dummy if greedy_only else temperature,
-        dummy if greedy_only else seeds,
-        vocab,
-        best,
-        index,
-        num_chunks,
-        GREEDY_ONLY=greedy_only,
-        BLOCK=block,
-        num_warps=8 if block >= 2048 else 4,
-    )
-    _pick_kernel[(num_rows,)](best, index, out, num_chunks, CHUNKS=next_power_of_2(num_chunks))
+    chunk_launcher.run(
+        (num_rows, num_chunks),
+        (
+            logits, logits.stride(0), dummy if greedy_only else temperature, dummy if greedy_only else seeds,
+            vocab, best, index, num_chunks,
+        ),
+        dict(GREEDY_ONLY=greedy_only, BLOCK=block, num_warps=8 if block >= 2048 else 4),
+    )  # fmt: skip
+    pick_launcher.run((num_rows,), (best, index, out, num_chunks), dict(CHUNKS=next_power_of_2(num_chunks)))
     return out
 
 

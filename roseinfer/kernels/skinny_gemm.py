@@ -33,6 +33,7 @@ from roseinfer.kernels._common import (
     next_power_of_2,
     num_sms,
 )
+from roseinfer.kernels.direct_launch import DirectLaunch
 from roseinfer.kernels.pdl import pdl_kwargs, wait_for_producer
 
 MAX_ROWS = 64
@@ -240,6 +241,10 @@ def _split_sum_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+launcher = DirectLaunch(_skinny_gemm_kernel)
+sum_launcher = DirectLaunch(_split_sum_kernel)
+
+
 def tile_launch_kwargs(tile: GemmTile, block_m: int, dtype: torch.dtype, pdl: bool) -> dict:
     """A tiled GEMM kernel's launch arguments for `tile` at `block_m` rows: its block constexprs, PDL, the dot's
     precision and input dtype, warps and stages (this kernel's, and `logits_sample`'s)."""
@@ -292,34 +297,16 @@ def skinny_gemm(
     k_per_split = cdiv(cdiv(k, tile.split), tile.block_k) * tile.block_k
     split = cdiv(k, k_per_split)  # shares past K would be empty
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
-    _skinny_gemm_kernel[(cdiv(n, tile.block_n), split)](
-        x,
-        w,
-        out,
-        part,
-        m,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        out.stride(0),
-        k_per_split,
-        ADD=add,
-        SPLIT=split,
-        **tile_launch_kwargs(tile, block_m, x.dtype, pdl),
+    launcher.run(
+        (cdiv(n, tile.block_n), split),
+        (x, w, out, part, m, n, k, x.stride(0), w.stride(0), out.stride(0), k_per_split),
+        dict(ADD=add, SPLIT=split, **tile_launch_kwargs(tile, block_m, x.dtype, pdl)),
     )
     if split > 1:
-        _split_sum_kernel[(cdiv(m * n, REDUCE_BLOCK),)](
-            part,
-            out,
-            m,
-            n,
-            out.stride(0),
-            ADD=add,
-            SPLIT=split,
-            BLOCK=REDUCE_BLOCK,
-            **pdl_kwargs(pdl),
-            num_warps=4,
+        sum_launcher.run(
+            (cdiv(m * n, REDUCE_BLOCK),),
+            (part, out, m, n, out.stride(0)),
+            dict(ADD=add, SPLIT=split, BLOCK=REDUCE_BLOCK, **pdl_kwargs(pdl), num_warps=4),
         )
     return out
 

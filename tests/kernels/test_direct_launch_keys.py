@@ -1,7 +1,8 @@
-"""`DirectLaunch.run`, the keyed launch of the kernels an eager step runs a layer at a time (prefill and decode
-attention, rotary with the KV store, RMSNorm, SiLU-and-mul, q/k norm). No GPU needed: Triton's own binder, built
-for sm_90, says what each launch would specialise on, and a stand-in for the compiled variant records what the
-direct path hands its launcher."""
+"""`DirectLaunch.run`, the keyed launch of every kernel a step launches from Python: those an eager step runs a layer
+at a time (prefill and decode attention, rotary with the KV store, RMSNorm, SiLU-and-mul, q/k norm), the decode
+chain's GEMV and skinny GEMM (eager where graphs are off), the KV store, block copy, the pending-id scatter and the
+samplers. No GPU needed: Triton's own binder, built for sm_90, says what each launch would specialise on, and a
+stand-in for the compiled variant records what the direct path hands its launcher."""
 
 from __future__ import annotations
 
@@ -19,12 +20,19 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 
 from roseinfer.kernels import (  # noqa: E402
     activation,
+    block_copy,
     direct_launch,
+    gemv,
+    kv_store,
+    logits_sample,
     paged_decode_attention,
     paged_prefill_attention,
+    pending_ids,
     qk_norm,
     rmsnorm,
     rotary,
+    sampling,
+    skinny_gemm,
 )
 from tests.kernels.test_direct_launch import FakeKernel  # noqa: E402
 
@@ -118,15 +126,89 @@ def decode_call(rng: random.Random) -> None:
     paged_decode_attention.paged_decode_attention(q[:batch], k, v, tables, lens, 0.125, num_splits=splits)
 
 
+def gemv_call(rng: random.Random) -> None:
+    m, k, n = rng.randint(1, 3), rng.choice([32, 48, 100]), rng.choice([16, 24, 40])
+    gated, x = rng.random() < 0.5, torch.randn(m, k)
+    weight = torch.randn(2 * n if gated else n, k)
+    gemv.gemv(
+        x, weight, gated=gated,
+        bias=torch.randn(weight.shape[0]) if rng.random() < 0.5 else None,
+        norm_weight=torch.ones(k) if rng.random() < 0.5 else None,
+        residual=torch.randn(m, n) if rng.random() < 0.5 else None,
+    )  # fmt: skip
+
+
+def skinny_call(rng: random.Random) -> None:
+    m, k, n = rng.randint(1, 64), rng.choice([96, 200]), rng.choice([16, 40, 64])
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    tile = skinny_gemm.GemmTile(16, 32, rng.choice([1, 2, 3]))  # split > 1 launches the sum too
+    out = torch.randn(m, n) if rng.random() < 0.5 else None
+    skinny_gemm.skinny_gemm(x, w, out=out, add=out is not None, pdl=rng.random() < 0.5, tile=tile)
+
+
+def kv_store_call(rng: random.Random) -> None:
+    tokens, kv_heads, dim = rng.randint(1, 30), rng.choice([1, 2, 8]), rng.choice([64, 128])
+    k, v = torch.randn(tokens, kv_heads, dim), torch.randn(tokens, kv_heads, dim)
+    cache = torch.zeros(8, 2, rng.choice([16, 32]), kv_heads, dim)
+    slots = torch.randperm(8 * cache.shape[2])[:tokens].to(rng.choice([torch.int32, torch.int64]))
+    kv_store.store_kv(k, v, cache[:, 0], cache[:, 1], slots)
+
+
+def block_copy_call(rng: random.Random) -> None:
+    cache = torch.zeros(12, 2, rng.choice([16, 32]), rng.choice([1, 4]), 64)
+    pairs = torch.randperm(12)[: 2 * rng.randint(1, 6)].view(2, -1)
+    block_copy.copy_blocks(cache, pairs[0].clone(), pairs[1].clone())
+
+
+def pending_call(rng: random.Random) -> None:
+    n, rows = rng.randint(1, 40), rng.randint(1, 20)
+    ids = torch.zeros(n + rng.randint(0, 30), dtype=rng.choice([torch.int32, torch.int64]))
+    fill_index = torch.randperm(ids.shape[0])[:n].to(torch.int32)
+    pending_ids.scatter_pending(ids, fill_index, torch.randint(0, rows, (n,), dtype=torch.int32),
+                                torch.randint(0, 100, (rows,)))  # fmt: skip
+
+
+def sampled(rng: random.Random, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(temperature, seeds) for `rows` rows, or (None, None): every row greedy."""
+    if rng.random() < 0.5:
+        return None, None
+    return torch.rand(rows), torch.randint(0, 2**40, (rows,))
+
+
+def sample_call(rng: random.Random) -> None:
+    rows, vocab = rng.randint(1, 20), rng.choice([50, 256, 1000])
+    sampling.sample_tokens(torch.randn(rows, vocab), *sampled(rng, rows))
+
+
+def logits_sample_call(rng: random.Random) -> None:
+    m, k, vocab = rng.randint(1, 20), rng.choice([32, 64]), rng.choice([40, 100])
+    tokens = torch.zeros(m, dtype=rng.choice([torch.int32, torch.int64]))
+    temperature, seeds = sampled(rng, m)
+    logits_sample.logits_and_sample(
+        torch.randn(m, k), torch.randn(vocab, k), temperature, seeds, tokens, pdl=rng.random() < 0.5
+    )
+
+
+# (module, launcher attribute): a call of the wrapper that launches through it.
 LAUNCHES = {
-    rmsnorm: rmsnorm_call,
-    activation: silu_call,
-    qk_norm: qk_norm_call,
-    rotary: rotary_call,
-    paged_prefill_attention: prefill_call,
-    paged_decode_attention: decode_call,
+    (rmsnorm, "launcher"): rmsnorm_call,
+    (activation, "launcher"): silu_call,
+    (qk_norm, "launcher"): qk_norm_call,
+    (rotary, "launcher"): rotary_call,
+    (paged_prefill_attention, "launcher"): prefill_call,
+    (paged_decode_attention, "launcher"): decode_call,
+    (gemv, "launcher"): gemv_call,
+    (skinny_gemm, "launcher"): skinny_call,
+    (skinny_gemm, "sum_launcher"): skinny_call,
+    (kv_store, "launcher"): kv_store_call,
+    (block_copy, "launcher"): block_copy_call,
+    (pending_ids, "launcher"): pending_call,
+    (sampling, "chunk_launcher"): sample_call,
+    (sampling, "pick_launcher"): sample_call,
+    (logits_sample, "launcher"): logits_sample_call,
+    (logits_sample, "pick_launcher"): logits_sample_call,
 }
-IDS = [module.__name__.rsplit(".", 1)[1] for module in LAUNCHES]
+IDS = [f"{module.__name__.rsplit('.', 1)[1]}.{name}" for module, name in LAUNCHES]
 
 # Integers that Triton tells apart: 1, multiples of 16, others, and each width (i32, i64, u64).
 INTS = [1, 16, 48, 7, 0, -3, 2**31, 2**40 + 16, 2**63 + 5, -(2**33)]
@@ -149,18 +231,25 @@ def perturbed(rng: random.Random, args: tuple) -> tuple:
     return tuple(out)
 
 
-@pytest.mark.parametrize("module", list(LAUNCHES), ids=IDS)
-def test_one_key_one_variant(module, monkeypatch) -> None:
+def recording(monkeypatch, launch: tuple) -> Recorder:
+    """The launcher `launch` names, replaced by a `Recorder` of its kernel."""
+    module, name = launch
+    recorder = Recorder(getattr(module, name).kernel)
+    monkeypatch.setattr(module, name, recorder)
+    return recorder
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES), ids=IDS)
+def test_one_key_one_variant(launch, monkeypatch) -> None:
     """Launches with one key get one variant from Triton (so a key's variant may be reused), over the wrapper's
     own calls and over arguments perturbed where Triton specialises: alignment, dtype, integers."""
-    kernel = module.launcher.kernel
-    recorder = Recorder(kernel)
-    monkeypatch.setattr(module, "launcher", recorder)
+    recorder = recording(monkeypatch, launch)
+    kernel = recorder.kernel
     bind = binder(kernel)
     rng = random.Random()
     variants: dict[object, object] = {}
     for _ in range(12):
-        LAUNCHES[module](rng)
+        LAUNCHES[launch](rng)
     calls = list(recorder.calls)
     assert calls, "the wrapper launched nothing"
     for _, grid, args, constexprs in calls:
@@ -176,16 +265,15 @@ def test_one_key_one_variant(module, monkeypatch) -> None:
     )  # the perturbations reached variants
 
 
-@pytest.mark.parametrize("module", list(LAUNCHES), ids=IDS)
-def test_the_wrapper_passes_every_argument_in_order(module, monkeypatch) -> None:
+@pytest.mark.parametrize("launch", list(LAUNCHES), ids=IDS)
+def test_the_wrapper_passes_every_argument_in_order(launch, monkeypatch) -> None:
     """`run`'s arguments are the kernel's non-constexpr parameters in order, and its constexprs name every
     constexpr parameter: what the direct path rebuilds the launcher's argument list from."""
-    kernel = module.launcher.kernel
-    recorder = Recorder(kernel)
-    monkeypatch.setattr(module, "launcher", recorder)
+    recorder = recording(monkeypatch, launch)
+    kernel = recorder.kernel
     rng = random.Random()
     for _ in range(6):
-        LAUNCHES[module](rng)
+        LAUNCHES[launch](rng)
     params = jitted(kernel).params
     runtime = [p.name for p in params if not p.is_constexpr]
     constexpr_names = {p.name for p in params if p.is_constexpr}
