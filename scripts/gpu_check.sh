@@ -138,14 +138,16 @@ for s in "${sections[@]}"; do
         run startup-llama-ws-$ws 'Start-up' python3 -c "import sys; from roseinfer.kernels import paged_prefill_ws as w; w.ENABLED = $ws
 from roseinfer.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))" generate --model llama-3.1-8b --load-format dummy --prompt-ids 1,2,3 --max-tokens 4
       done ;;
-    direct-launch)  # the layer kernels of eager steps through DirectLaunch.run: the kernel and key tests, each launch's
-                    # host time by each path, eager engines alternating DirectLaunch.run with Triton's binding step by step
+    direct-launch)  # the kernels launched from Python through DirectLaunch.run: the kernel and key tests, each launch's
+                    # host time by each path, eager engines alternating DirectLaunch.run with Triton's binding step by step,
+                    # then the host code's cdiv / next_power_of_2 with Triton's
       run tests-direct-launch 'passed|failed|error' python3 -m pytest -q -p no:cacheprovider tests/kernels/test_direct_launch_keys.py tests/kernels/test_fused_ops.py tests/kernels/test_qk_norm.py tests/kernels/test_triton_backend.py tests/kernels/test_pdl.py
       run launch-host 'host us|kernel|attention|rotary|rmsnorm|silu|norm|above|linear' python3 scripts/probe_triton_launch.py --calls 300
       for shape in qwen3-0.6b qwen2.5-0.5b llama-3.1-8b; do
         b=1024; [ "$shape" = llama-3.1-8b ] && b=512
-        run ab-direct-$shape '(W2|host|wall)' python3 scripts/ab_direct_launch.py --model-shape "$shape" --max-num-batched-tokens $b --skip 40 --steps 100
-      done ;;
+        run ab-direct-$shape '(W2|host|wall|compiles)' python3 scripts/ab_direct_launch.py --model-shape "$shape" --max-num-batched-tokens $b --skip 40 --steps 100
+      done
+      run ab-host-math-qwen3 '(W2|host|wall|compiles)' python3 scripts/ab_direct_launch.py --model-shape qwen3-0.6b --skip 40 --steps 120 --against triton-math ;;
     decode-split)  # the mixed-step graphs' decodes split on the GPU (decode_split_merge.gpu_split): the GPU-split and
                    # backend tests, the mixed-graph e2e test (not the decode kernel's whole file: 204 tests outlast a
                    # call), W7 llama (gpu), W7's cold round traced (query it with trace-sql), the WS launch's host time, the prefill tile sweep timed in CUDA graphs (for the long-tile rule)
