@@ -1,15 +1,18 @@
-"""Eager steps with the layer kernels launched through `DirectLaunch.run` against through Triton's per-call binding
-(or, with `--against triton-math`, the host code's `cdiv` / `next_power_of_2` against Triton's), alternating in one
-engine.
+"""Eager steps with the kernels launched through `DirectLaunch.run` against through Triton's per-call binding
+(or, with `--against triton-math`, the host code's `cdiv` / `next_power_of_2` against Triton's),
+alternating in one engine.
 
-Runs a workload on an engine whose steps all run eagerly (`enforce_eager`, or with `--mixed-only` only the steps
-with prefill work), skips `--skip` steps, then alternates step by step, `--steps` each: the tree as it is, then the
-other mode: every launch through `kernel[grid](...)` (`--against triton-binding`), or every kernel module's host
-`cdiv` and `next_power_of_2` replaced by Triton's constexpr functions (`--against triton-math`). Alternating each
-step gives both modes the same phases of the workload (its batch shrinks as requests finish). Prints each mode's
-host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth of the run's steps,
-and the Triton compiles (whose steps the figures leave out) and full collections that fell in its steps; with `--cprofile N`, then where N more steps'
-host time goes. GPU only.
+Runs a workload on an engine whose steps all run eagerly (`enforce_eager`, or with `--mixed-only` only the
+steps with prefill work), skips `--skip` steps, then alternates step by step, `--steps` each: the tree as it
+is, then the other mode: every launch through `kernel[grid](...)` (`--against triton-binding`), or every
+kernel module's host `cdiv` and `next_power_of_2` replaced by Triton's constexpr functions (`--against triton-
+math`). Alternating each step gives both modes the same phases of the workload (its batch shrinks as requests
+finish).
+
+Prints each mode's host launch time (the runner's `launch`) and wall time a step: mean, median and each fifth
+of the run's steps. Then the Triton compiles that fell in its steps (their steps are left out of the figures:
+a deterministic workload meets a new variant on the same step every run) and its full collections. With
+`--cprofile N`, then where N more steps' host time goes. GPU only.
 
     python scripts/ab_direct_launch.py --model-shape qwen3-0.6b [--workload W2] [--steps 100] [--against triton-math]
 """
@@ -107,7 +110,7 @@ def main() -> None:
         engine.step(final_only=True)
     timer = LaunchTimer(engine.core.runner)
     results: dict[str, list[tuple[float, float]]] = {"as is": [], args.against: []}
-    # What lands in one mode's steps and not the other's: Triton compiles (or disk-cache loads), full collections.
+    # What lands in one mode's steps, not the other's: Triton compiles (or disk-cache loads), full collections.
     compiles: dict[str, list] = {mode: [[], 0.0] for mode in results}  # variants, seconds
     full_collections = dict.fromkeys(results, 0)
     mode = "as is"
